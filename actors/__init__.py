@@ -1,0 +1,1 @@
+"""Rollout actors: engines, the engine client, agents, and the actor process."""

@@ -1,0 +1,91 @@
+"""Start one rollout actor:  python -m actors -c CONFIG [key=value ...] LEARNER
+
+LEARNER is the learner's control endpoint (tcp://host:port or host:port), or the path of its
+endpoints.json / run directory. The config is parsed before torch is imported, so --help and
+config errors are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from configs.loader import ConfigError, describe, load_config
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="tether-actor", description="Tether rollout actor.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config fields (override with key=value):\n" + "\n".join(describe()))
+    p.add_argument("-c", "--config", help="YAML preset (e.g. configs/toy_reverse.yaml)")
+    p.add_argument("--actor-id", default=f"{socket.gethostname()}-{os.getpid()}",
+                   help="unique name of this actor (default: host-pid)")
+    p.add_argument("--cache-dir", default=None,
+                   help="where the learner's model files are written (default: RUN_DIR/actor_cache)")
+    p.add_argument("args", nargs="*", help="LEARNER address and key=value overrides")
+    return p.parse_args(argv)
+
+
+def resolve_endpoint(target: str) -> str:
+    """tcp://h:p, h:p, a run directory or an endpoints.json -> the control endpoint."""
+    path = Path(target)
+    if path.is_dir():
+        path = path / "endpoints.json"
+    if path.suffix == ".json":
+        if not path.exists():
+            raise ConfigError(f"{path} does not exist (has the learner started?)")
+        return json.loads(path.read_text())["control"]
+    if target.startswith("tcp://"):
+        return target
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"learner address {target!r} must be tcp://host:port, host:port, "
+                          "a run directory or an endpoints.json")
+    return f"tcp://{host}:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(sys.argv[1:] if argv is None else argv)
+    overrides = [a for a in ns.args if "=" in a and not a.startswith("tcp://")]
+    targets = [a for a in ns.args if a not in overrides]
+    try:
+        cfg = load_config(ns.config, overrides)
+        if len(targets) != 1:
+            raise ConfigError(f"give exactly one learner address, got {targets or 'none'}")
+        endpoint = resolve_endpoint(targets[0])
+    except ConfigError as e:
+        print(f"tether-actor: {e}", file=sys.stderr)
+        return 2
+
+    import asyncio
+    import logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import signal
+
+    from actors.actor import Actor
+
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s actor[{ns.actor_id}] %(levelname)s %(message)s")
+    cache = Path(ns.cache_dir) if ns.cache_dir else Path(cfg.run_dir) / "actor_cache"
+    actor = Actor(cfg, endpoint, ns.actor_id, cache)
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, actor.stopped.set)
+        return await actor.run()
+
+    import uvloop
+
+    return uvloop.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""A rollout actor: one process, one engine, talking to the learner over three sockets.
+
+    session:  Hello -> Welcome -> build engine from the learner's model files -> pull weights
+    work:     WorkRequest --(parked at the learner until the staleness capacity admits it)-->
+              LeaseGrant -> pull weights if older than the leases' min_version -> run the agent
+              for every sample of every lease (one engine batch) -> PUSH GroupResults
+    side:     heartbeat every heartbeat_s; HeartbeatAck/announcements carry the newest version
+
+What blocks where: the event loop never blocks; generation and weight loads run in a worker
+thread (EngineClient). `trajectory.send` awaits when the learner's buffer is full (ZeroMQ
+high-water mark): backpressure. If the learner is silent for peer_timeout_s the session ends
+and the actor reconnects (Hello again) until the learner is back or sends Shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent
+from actors.client import EngineClient
+from configs.schema import TetherConfig
+from transport import messages as m
+from transport.sockets import configure
+from transport.weights import unpack
+
+log = logging.getLogger(__name__)
+
+
+class LearnerLost(Exception):
+    """The learner stopped answering; the actor reconnects."""
+
+
+class Rejected(Exception):
+    """The learner refused this actor (e.g. protocol mismatch); retrying would not help."""
+
+
+class Actor:
+    def __init__(self, cfg: TetherConfig, control_endpoint: str, actor_id: str, cache_dir: Path) -> None:
+        self.cfg = cfg
+        self.control_endpoint = control_endpoint
+        self.actor_id = actor_id
+        self.cache_dir = cache_dir
+        self.ctx = zmq.asyncio.Context()
+        self.enc = m.encoder()
+        self.dec = m.Decoders()
+        self.client: EngineClient | None = None
+        self.agent: Agent | None = None
+        self.stopped = asyncio.Event()
+        self.groups_done = 0
+
+    async def run(self) -> int:
+        """Run sessions until the learner says Shutdown; returns the process exit code."""
+        try:
+            while not self.stopped.is_set():
+                try:
+                    await self._session()
+                except LearnerLost as e:
+                    log.warning("%s; reconnecting", e)
+            log.info("actor %s done: %d groups generated", self.actor_id, self.groups_done)
+            return 0
+        except Rejected as e:
+            log.error("learner rejected actor %s: %s", self.actor_id, e)
+            return 3
+        finally:
+            self.ctx.destroy(linger=0)
+
+    # ------------------------------------------------------------ one connection to a learner
+    async def _session(self) -> None:
+        t = self.cfg.transport
+        control = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
+        control.connect(self.control_endpoint)
+        self.control = control
+        welcome = await self._handshake()
+        self.latest_version = welcome.latest_version
+        self.last_heard = time.monotonic()
+        self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
+        self.trajectory = configure(self.ctx.socket(zmq.PUSH), t, limit_size=False)
+        self.trajectory.connect(welcome.trajectory_endpoint)
+        self.weights = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
+        self.weights.setsockopt(zmq.RCVHWM, 0)
+        self.weights.connect(welcome.weights_endpoint)
+        if self.client is None:
+            self.client, self.agent = await asyncio.to_thread(self._build, welcome)
+        tasks = [asyncio.create_task(c) for c in
+                 (self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop())]
+        stop_wait = asyncio.create_task(self.stopped.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop_wait:
+                    task.result()  # re-raise LearnerLost / Rejected / bugs
+        finally:
+            for task in [*tasks, stop_wait]:
+                task.cancel()
+            await asyncio.gather(*tasks, stop_wait, return_exceptions=True)
+            if self.stopped.is_set():
+                await self._send_goodbye()
+            for sock in (control, self.trajectory, self.weights):
+                sock.close(linger=0)
+
+    async def _handshake(self) -> m.Welcome:
+        hello = self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
+                                        engine=self.cfg.actors.engine))
+        timeout = self.cfg.transport.peer_timeout_s
+        while True:
+            await self.control.send(hello)
+            if await self.control.poll(timeout * 1000):
+                msg = self.dec.to_actor.decode(await self.control.recv())
+                match msg:
+                    case m.Welcome():
+                        log.info("joined learner run %s at %s (weights v%d)", msg.run_id,
+                                 self.control_endpoint, msg.latest_version)
+                        return msg
+                    case m.Reject(reason=reason):
+                        raise Rejected(reason)
+                    case m.Shutdown(reason=reason):
+                        log.info("learner is shutting down: %s", reason)
+                        self.stopped.set()
+                        raise LearnerLost("learner shut down before welcome")
+            log.info("no answer from learner at %s after %.0fs; saying hello again",
+                     self.control_endpoint, timeout)
+
+    def _build(self, welcome: m.Welcome) -> tuple[EngineClient, Agent]:
+        """Write the learner's model files locally and build engine, task and agent."""
+        import torch
+
+        torch.set_num_threads(1)
+        model_dir = self.cache_dir / welcome.run_id
+        model_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in welcome.model_files.items():
+            if Path(name).name != name or name.startswith("."):
+                raise Rejected(f"learner sent a model file with an unsafe name: {name!r}")
+            (model_dir / name).write_bytes(data)
+        from transformers import AutoTokenizer
+
+        from actors.hf_engine import HFEngine
+        from tasks import make_task
+
+        engine = HFEngine(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        task = make_task(self.cfg.task.name, tokenizer, num_digits=self.cfg.task.num_digits)
+        return EngineClient(engine), SingleTurnAgent(task.reward)
+
+    # ------------------------------------------------------------ loops
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = self.dec.to_actor.decode(await self.control.recv())
+            self.last_heard = time.monotonic()
+            match msg:
+                case m.LeaseGrant():
+                    self.latest_version = max(self.latest_version, msg.latest_version)
+                    self.grants.put_nowait(msg)
+                case m.HeartbeatAck(latest_version=v):
+                    self.latest_version = max(self.latest_version, v)
+                case m.Shutdown(reason=reason):
+                    log.info("learner says shut down: %s", reason)
+                    self.stopped.set()
+                    return
+                case m.Reject(reason=reason):
+                    raise Rejected(reason)
+                case m.Welcome():
+                    pass  # answer to a repeated Hello
+
+    async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
+        while True:
+            await self.control.send(self.enc.encode(m.Heartbeat(
+                actor_id=self.actor_id, weight_version=self.client.version,
+                leases_held=0)))
+            await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
+            silent = time.monotonic() - self.last_heard
+            if silent > welcome.peer_timeout_s:
+                raise LearnerLost(f"learner silent for {silent:.1f}s")
+
+    async def _work_loop(self) -> None:
+        await self._sync_weights()
+        want = self.cfg.actors.groups_per_request
+        while True:
+            if self.latest_version > self.client.version:
+                await self._sync_weights()
+            await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
+                                                                  max_groups=want)))
+            grant = await self.grants.get()
+            need = max(lease.min_version for lease in grant.leases)
+            while self.client.version < need:
+                await self._sync_weights()
+            results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
+            for res in results:
+                await self.trajectory.send(self.enc.encode(res))
+                self.groups_done += 1
+
+    async def _sync_weights(self) -> None:
+        """Pull the newest weights from the learner (no-op if we have them)."""
+        await self.weights.send(self.enc.encode(m.WeightRequest(actor_id=self.actor_id,
+                                                                have_version=self.client.version)))
+        manifest = self.dec.weights.decode(await self.weights.recv())
+        if not isinstance(manifest, m.WeightManifest):
+            raise LearnerLost(f"expected a weight manifest, got {type(manifest).__name__}")
+        if manifest.num_buckets == 0:
+            return
+        buckets = []
+        for i in range(manifest.num_buckets):
+            header_raw, data = await self.weights.recv_multipart(copy=False)
+            header = self.dec.weights.decode(header_raw.bytes)
+            if not (isinstance(header, m.WeightBucket) and header.index == i
+                    and header.version == manifest.version):
+                raise LearnerLost(f"weight bucket {i} of v{manifest.version} out of order")
+            buckets.append(data.buffer)
+        state = unpack(manifest, buckets)
+        await self.client.load_weights(state, manifest.version)
+        log.info("loaded weights v%d (%.2f MB)", manifest.version, manifest.total_bytes / 1e6)
+
+    async def _run_lease(self, lease: m.Lease) -> m.GroupResult:
+        prompt = lease.prompt_ids.to_numpy()
+        tasks = [RolloutTask(prompt_id=lease.prompt_id, sample_index=i, prompt_ids=prompt,
+                             meta=lease.meta, max_new_tokens=lease.max_new_tokens,
+                             temperature=lease.temperature, run_seed=lease.seed)
+                 for i in range(lease.num_samples)]
+        rollouts = await asyncio.gather(*(self.agent.run(t, self.client) for t in tasks),
+                                        return_exceptions=True)
+        return m.GroupResult(lease_id=lease.lease_id, actor_id=self.actor_id,
+                             prompt_id=lease.prompt_id,
+                             samples=[_sample(i, r) for i, r in enumerate(rollouts)])
+
+    async def _send_goodbye(self) -> None:
+        await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)
+
+
+def _sample(index: int, r: Rollout | BaseException) -> m.Sample:
+    if isinstance(r, BaseException):
+        log.warning("agent failed on sample %d: %r", index, r)
+        empty = m.Array.from_numpy(np.zeros(0, dtype=np.int32))
+        return m.Sample(sample_index=index, completion_ids=empty, logprobs=empty, versions=empty,
+                        loss_mask=empty, reward=0.0, error=f"{type(r).__name__}: {r}"[:500])
+    return m.Sample(sample_index=index, completion_ids=m.Array.from_numpy(r.completion_ids),
+                    logprobs=m.Array.from_numpy(r.logprobs), versions=m.Array.from_numpy(r.versions),
+                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward)
+

@@ -1,0 +1,92 @@
+"""HF transformers engine: batched sampling with a KV cache on CPU (or any torch device).
+
+Requests are bucketed by (prompt length, max_new_tokens, temperature) so rows never need left
+padding. Every row has its own torch.Generator seeded from (request seed, version), and CPU
+kernels give bitwise-identical rows whatever else is in the batch, so a sample does not depend
+on which actor ran it or what it was batched with. Behavior logprobs come from one full forward
+pass over prompt + completion padded to prompt + max_new_tokens (a fixed length, again for
+bitwise reproducibility), under the tempered distribution that was sampled from.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from actors.engine import Completion, GenerateRequest, versioned_seed
+from models.logprobs import token_logprobs
+
+
+class HFEngine:
+    def __init__(self, model_dir: str | Path, device: str = "cpu") -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+        self.device = device
+        self.vocab_size = config.vocab_size
+        self.eos_id = config.eos_token_id
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else self.eos_id
+        self.version = -1
+        self._lock = threading.Lock()
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            if unexpected or [k for k in missing if k != "lm_head.weight"]:
+                raise ValueError(f"weights v{version} do not match the model: missing {missing}, "
+                                 f"unexpected {unexpected}")
+            self.model.tie_weights()
+            self.version = version
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
+        with self._lock, torch.no_grad():
+            buckets: dict[tuple, list[int]] = defaultdict(list)
+            for i, r in enumerate(requests):
+                buckets[(len(r.prompt_ids), r.max_new_tokens, r.temperature)].append(i)
+            out: list[Completion | None] = [None] * len(requests)
+            for idx in buckets.values():
+                for i, c in zip(idx, self._generate_bucket([requests[i] for i in idx])):
+                    out[i] = c
+            return out
+
+    def _generate_bucket(self, reqs: list[GenerateRequest]) -> list[Completion]:
+        from transformers import DynamicCache
+
+        max_new, temp = reqs[0].max_new_tokens, reqs[0].temperature
+        prompts = torch.from_numpy(np.stack([r.prompt_ids for r in reqs]).astype(np.int64)).to(self.device)
+        gens = [torch.Generator(device=self.device).manual_seed(versioned_seed(r.seed, self.version))
+                for r in reqs]
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=prompts, cache=cache, use_cache=True).logits[:, -1]
+        finished = torch.zeros(len(reqs), dtype=torch.bool, device=self.device)
+        steps = []
+        for t in range(max_new):
+            probs = torch.softmax(logits.float() / temp, dim=-1)
+            nxt = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(gens)])
+            nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
+            steps.append(nxt)
+            finished |= nxt == self.eos_id
+            if bool(finished.all()) or t == max_new - 1:
+                break
+            logits = self.model(input_ids=nxt[:, None], cache=cache, use_cache=True).logits[:, -1]
+        gen = torch.stack(steps, dim=1)
+        P = prompts.shape[1]
+        full = torch.full((len(reqs), P + max_new), self.pad_id, dtype=torch.long, device=self.device)
+        full[:, :P] = prompts
+        full[:, P:P + gen.shape[1]] = gen
+        lp = token_logprobs(self.model, full, temp)[:, P - 1:P - 1 + gen.shape[1]]
+        gen_np, lp_np = gen.cpu().numpy(), lp.float().cpu().numpy()
+        out = []
+        for i in range(len(reqs)):
+            eos = np.nonzero(gen_np[i] == self.eos_id)[0]
+            n = int(eos[0]) + 1 if eos.size else gen_np.shape[1]
+            out.append(Completion(token_ids=gen_np[i, :n].astype(np.int32),
+                                  logprobs=lp_np[i, :n].astype(np.float32),
+                                  versions=np.full(n, self.version, dtype=np.int32),
+                                  finish_reason="stop" if eos.size else "length"))
+        return out

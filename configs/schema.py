@@ -1,0 +1,213 @@
+"""Typed, shallow configuration for every Tether role.
+
+One `TetherConfig` is shared by the learner and the actors: each role reads the sections it
+needs. Every field has a one-line docstring under it; `configs.loader.describe()` turns those
+docstrings into `--help` text, so they are the reference documentation of each setting.
+
+Importing this module is cheap (no torch), so entry points can validate a config and print
+help before any heavy import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    path: str = "runs/models/tiny_reverse"
+    """HF-format model directory (config, tokenizer, safetensors) the learner starts from."""
+    build_tiny: bool = True
+    """If `path` does not exist, build the tiny Qwen2 model + tokenizer there (no hub needed)."""
+    warmstart_steps: int = 20
+    """Supervised warm-start steps run right after building the tiny model (0 = none)."""
+    warmstart_lr: float = 3e-3
+    """Learning rate of the supervised warm-start."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "reverse"
+    """Task module in `tasks/` that makes prompts and scores completions."""
+    num_digits: int = 4
+    """Length of the digit string the toy reversal task asks to reverse."""
+    eval_prompts: int = 128
+    """Held-out prompts scored (one sample each) at the start and end of a run."""
+    max_new_tokens: int = 6
+    """Most tokens an actor may generate per sample."""
+    temperature: float = 1.0
+    """Sampling temperature; behavior logprobs are those of this tempered distribution."""
+
+
+@dataclass
+class LearnerConfig:
+    max_steps: int = 500
+    """Optimizer steps (= policy versions published) before the run ends."""
+    prompts_per_step: int = 16
+    """GRPO groups (prompts) in one training batch."""
+    group_size: int = 8
+    """Samples per prompt (the GRPO group size n)."""
+    lr: float = 5e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    clip_low: float = 0.2
+    """PPO clip: the ratio is clipped below at 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher if > clip_low)."""
+    dual_clip: float = 0.0
+    """Dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)."""
+    correction: str = "none"
+    """Off-policy correction: none | tis | decoupled | mask (see README)."""
+    is_cap: float = 2.0
+    """C: importance weights min(pi_prox / mu, C) are truncated at this value (tis, decoupled)."""
+    is_level: str = "token"
+    """Importance weight granularity: token | sequence."""
+    mask_low: float = 0.5
+    """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
+    mask_high: float = 2.0
+    """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
+    staleness_decay: float = 1.0
+    """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo."""
+    minibatches: int = 1
+    """Optimizer steps per batch; the batch is split into this many minibatches by group."""
+    epochs: int = 1
+    """Passes over each batch."""
+    checkpoint_every: int = 100
+    """Save a checkpoint every N steps (0 = only at the end)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in run_dir/checkpoints."""
+    log_every: int = 10
+    """Print a progress line every N steps (metrics.jsonl gets every step)."""
+    seed: int = 0
+    """Seed for the prompt order and the learner's torch RNG."""
+
+
+@dataclass
+class ActorsConfig:
+    num_local: int = 2
+    """Actor processes the learner spawns on this node (0 = start actors yourself)."""
+    engine: str = "hf"
+    """Rollout engine: hf (transformers, CPU fallback)."""
+    groups_per_request: int = 2
+    """Leases an actor asks for at once; their samples are generated as one batch."""
+    agent: str = "single_turn"
+    """Agent that turns a leased task into a trajectory using the engine client."""
+
+
+@dataclass
+class BufferConfig:
+    capacity_groups: int = 64
+    """Most complete groups the buffer holds; when full the learner stops reading trajectories."""
+
+
+@dataclass
+class TransportConfig:
+    host: str = "127.0.0.1"
+    """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
+    advertise_host: str = ""
+    """Host name actors should dial, written to endpoints.json (default: host)."""
+    control_port: int = 0
+    """Control ROUTER port (0 = pick a free port)."""
+    trajectory_port: int = 0
+    """Trajectory PULL port (0 = pick a free port)."""
+    weights_port: int = 0
+    """Weights ROUTER port (0 = pick a free port)."""
+    heartbeat_s: float = 1.0
+    """Seconds between actor heartbeats."""
+    peer_timeout_s: float = 10.0
+    """A peer silent this long is dead: its leases expire (learner) or it reconnects (actor)."""
+    max_message_bytes: int = 64 * 1024 * 1024
+    """ZMQ_MAXMSGSIZE on every learner receive socket; larger frames drop the connection."""
+    high_water_mark: int = 64
+    """ZMQ send/receive high-water mark (messages) on every socket."""
+    weight_bucket_bytes: int = 32 * 1024 * 1024
+    """Weights are sent to actors in buckets of about this many bytes."""
+
+
+@dataclass
+class TetherConfig:
+    run_dir: str = "runs/toy_reverse"
+    """Directory for endpoints.json, metrics.jsonl, checkpoints, summary.json and the final model."""
+    max_staleness: int = 1
+    """eta: a sample is trained on at step s only if s - (oldest token version) <= eta; 0 = synchronous PPO."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The RL task: prompts, rewards, sampling."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """The trainer."""
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    """The rollout actors."""
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    """The replay buffer between trajectory receiver and trainer."""
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    """ZeroMQ sockets, heartbeats and limits."""
+
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "task.name": ("reverse",),
+    "learner.correction": ("none", "tis", "decoupled", "mask"),
+    "learner.is_level": ("token", "sequence"),
+    "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
+    "learner.advantage": ("grpo", "drgrpo", "rloo"),
+    "actors.engine": ("hf",),
+    "actors.agent": ("single_turn",),
+}
+"""Allowed values of the string fields that name a choice."""
+
+
+def check_ranges(cfg: TetherConfig) -> list[str]:
+    """Return one message per out-of-range field (empty when the config is valid)."""
+    errors: list[str] = []
+
+    def need(ok: bool, key: str, rule: str, value: object) -> None:
+        if not ok:
+            errors.append(f"{key} must be {rule}, got {value!r}")
+
+    need(cfg.max_staleness >= 0, "max_staleness", ">= 0", cfg.max_staleness)
+    L, A, T = cfg.learner, cfg.actors, cfg.transport
+    need(L.max_steps >= 1, "learner.max_steps", ">= 1", L.max_steps)
+    need(L.prompts_per_step >= 1, "learner.prompts_per_step", ">= 1", L.prompts_per_step)
+    need(L.group_size >= 2, "learner.group_size", ">= 2 (group-relative advantages)", L.group_size)
+    need(L.lr > 0, "learner.lr", "> 0", L.lr)
+    need(0 <= L.clip_low < 1, "learner.clip_low", "in [0, 1)", L.clip_low)
+    need(L.clip_high >= 0, "learner.clip_high", ">= 0", L.clip_high)
+    need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
+    need(L.is_cap > 0, "learner.is_cap", "> 0", L.is_cap)
+    need(0 < L.mask_low < 1 < L.mask_high, "learner.mask_low/mask_high", "0 < low < 1 < high",
+         (L.mask_low, L.mask_high))
+    need(0 < L.staleness_decay <= 1, "learner.staleness_decay", "in (0, 1]", L.staleness_decay)
+    need(L.minibatches >= 1 and L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
+         f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
+    need(L.epochs >= 1, "learner.epochs", ">= 1", L.epochs)
+    need(L.checkpoint_every >= 0, "learner.checkpoint_every", ">= 0", L.checkpoint_every)
+    need(L.log_every >= 1, "learner.log_every", ">= 1", L.log_every)
+    need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)
+    need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
+    need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
+         f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
+    need(cfg.task.num_digits >= 1, "task.num_digits", ">= 1", cfg.task.num_digits)
+    need(cfg.task.eval_prompts >= 1, "task.eval_prompts", ">= 1", cfg.task.eval_prompts)
+    need(cfg.task.max_new_tokens >= 1, "task.max_new_tokens", ">= 1", cfg.task.max_new_tokens)
+    need(cfg.task.temperature > 0, "task.temperature", "> 0", cfg.task.temperature)
+    need(cfg.model.warmstart_steps >= 0, "model.warmstart_steps", ">= 0", cfg.model.warmstart_steps)
+    for key in ("control_port", "trajectory_port", "weights_port"):
+        port = getattr(T, key)
+        need(0 <= port < 65536, f"transport.{key}", "in [0, 65535]", port)
+    need(T.heartbeat_s > 0, "transport.heartbeat_s", "> 0", T.heartbeat_s)
+    need(T.peer_timeout_s > 2 * T.heartbeat_s, "transport.peer_timeout_s",
+         f"> 2 * transport.heartbeat_s={T.heartbeat_s}", T.peer_timeout_s)
+    need(T.max_message_bytes >= 1024, "transport.max_message_bytes", ">= 1024", T.max_message_bytes)
+    need(T.high_water_mark >= 1, "transport.high_water_mark", ">= 1", T.high_water_mark)
+    need(T.weight_bucket_bytes >= 1024, "transport.weight_bucket_bytes", ">= 1024",
+         T.weight_bucket_bytes)
+    need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
+         f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
+    return errors

@@ -1,0 +1,1 @@
+"""The learner: trainer, lease owner, trajectory receiver and weight publisher."""

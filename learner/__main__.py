@@ -1,0 +1,44 @@
+"""Start the learner:  python -m learner -c CONFIG [key=value ...]
+
+With actors.num_local > 0 it also starts that many actor processes on this node. The config is
+parsed before torch is imported, so --help and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from configs.loader import ConfigError, describe, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="tether-learner", description="Tether learner (and, optionally, local actors).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config fields (override with key=value):\n" + "\n".join(describe()))
+    p.add_argument("-c", "--config", help="YAML preset (e.g. configs/toy_reverse.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. learner.lr=1e-3")
+    ns = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(ns.config, ns.overrides)
+    except ConfigError as e:
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 2
+
+    import logging
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s learner %(levelname)s %(message)s")
+    from learner.main import run
+
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Training backends: own the model and optimizer; know nothing about RL.
+
+The trainer (learner/trainer.py) asks a backend for token logprobs, hands it a loss to step on,
+and asks for the full state dict to publish. `SingleProcessBackend` is one process on one
+device; an FSDP2 backend implements the same methods over a sharded model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.logprobs import token_logprobs
+
+
+class SingleProcessBackend:
+    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model_dir = Path(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr,
+                                           weight_decay=weight_decay)
+
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        return token_logprobs(self.model, input_ids, temperature)
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
+        """Backward + optimizer step; returns the gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
+        else:
+            norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.model.parameters()
+                                  if p.grad is not None))
+        self.optimizer.step()
+        return float(norm)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights for publishing, without tied duplicates."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()
+                if not (k == "lm_head.weight" and self.model.config.tie_word_embeddings)}
+
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()},
+                  str(path / "model.safetensors"))
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        (path / "state.json").write_text(json.dumps(extra, indent=1))
+
+    def load_checkpoint(self, path: Path) -> dict:
+        missing, unexpected = self.model.load_state_dict(load_file(str(path / "model.safetensors")),
+                                                         strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
+            raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, "
+                             f"unexpected {unexpected}")
+        self.model.tie_weights()
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        return json.loads((path / "state.json").read_text())
+
+    def export_hf(self, path: Path) -> None:
+        """The current policy as an HF model directory (safetensors + config + tokenizer)."""
+        from transformers import AutoTokenizer
+
+        self.model.save_pretrained(path, safe_serialization=True)
+        AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(path)

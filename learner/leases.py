@@ -1,0 +1,128 @@
+"""Work leases: the learner owns the prompt stream and decides who generates what, and when.
+
+Admission (AReaL's capacity rule): at policy version `v`, leases are granted only while
+
+    granted - dropped  <  (max_staleness + v + 1) * prompts_per_step
+
+so an actor never starts work that is certain to be too stale. A lease granted at version `v`
+must be generated with weights of version >= `v` (its `min_version`): in-order consumption then
+trains on it by step `v + max_staleness`. With max_staleness = 0, the groups of batch `v` are
+granted only once version `v` is published: synchronous PPO.
+
+Accounting invariant (in groups): granted = consumed + dropped + outstanding + buffered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from buffer.replay import DropReason
+from tasks.base import Prompt, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: int
+    prompt: Prompt
+    actor_id: str
+    num_samples: int
+    min_version: int
+    granted_version: int
+    granted_at: float = field(default_factory=time.monotonic)
+
+
+class LeaseTable:
+    """Not thread-safe: owned by the learner's I/O thread."""
+
+    def __init__(self, task: Task, prompts_per_step: int, group_size: int, max_staleness: int) -> None:
+        self.task = task
+        self.prompts_per_step = prompts_per_step
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.cursor = 0
+        """Index of the next fresh training prompt."""
+        self.next_lease_id = 0
+        self.granted = 0
+        self.completed = 0
+        self.dropped: Counter[str] = Counter()
+        self.outstanding: dict[int, LeaseRecord] = {}
+        self.retry: deque[int] = deque()
+        """Prompt indices whose lease expired: granted again before fresh prompts."""
+
+    def capacity(self, version: int, dropped_elsewhere: int) -> int:
+        """How many more groups may be granted at `version` (buffer drops count as dropped)."""
+        live = self.granted - sum(self.dropped.values()) - dropped_elsewhere
+        return (self.max_staleness + version + 1) * self.prompts_per_step - live
+
+    def grant(self, actor_id: str, max_groups: int, version: int, dropped_elsewhere: int) -> list[LeaseRecord]:
+        n = min(max_groups, self.capacity(version, dropped_elsewhere))
+        out = []
+        for _ in range(max(n, 0)):
+            index = self.retry.popleft() if self.retry else self._next_cursor()
+            rec = LeaseRecord(lease_id=self.next_lease_id, prompt=self.task.train_prompt(index),
+                              actor_id=actor_id, num_samples=self.group_size,
+                              min_version=version,
+                              granted_version=version)
+            self.next_lease_id += 1
+            self.granted += 1
+            self.outstanding[rec.lease_id] = rec
+            out.append(rec)
+        return out
+
+    def _next_cursor(self) -> int:
+        index = self.cursor
+        self.cursor += 1
+        return index
+
+    def complete(self, lease_id: int, actor_id: str) -> LeaseRecord | None:
+        """Close a lease whose trajectory arrived; None if it is not outstanding for this actor."""
+        rec = self.outstanding.get(lease_id)
+        if rec is None or rec.actor_id != actor_id:
+            return None
+        del self.outstanding[lease_id]
+        self.completed += 1
+        return rec
+
+    def drop(self, rec: LeaseRecord, reason: DropReason) -> None:
+        """Count a lease whose trajectory will never be trained on (already removed or not)."""
+        self.outstanding.pop(rec.lease_id, None)
+        self.dropped[reason.value] += 1
+
+    def expire_actor(self, actor_id: str) -> int:
+        """Expire every lease `actor_id` holds; their prompts are granted again. Returns the count."""
+        recs = [r for r in self.outstanding.values() if r.actor_id == actor_id]
+        for rec in recs:
+            self.drop(rec, DropReason.EXPIRED)
+            self.retry.append(rec.prompt.prompt_id)
+        if recs:
+            log.warning("expired %d lease(s) of actor %s; their prompts will be granted again",
+                        len(recs), actor_id)
+        return len(recs)
+
+    def state(self) -> dict:
+        """What a checkpoint needs to continue the prompt stream and the accounting."""
+        return {"cursor": self.cursor, "next_lease_id": self.next_lease_id,
+                "granted": self.granted, "completed": self.completed,
+                "dropped": dict(self.dropped), "retry": list(self.retry),
+                "outstanding_prompts": [r.prompt.prompt_id for r in self.outstanding.values()]}
+
+    def load_state(self, state: dict) -> None:
+        """Restore from `state()`. Leases outstanding at the checkpoint died with the old
+        process: they count as expired and their prompts are granted again."""
+        self.cursor = state["cursor"]
+        self.next_lease_id = state["next_lease_id"]
+        self.granted = state["granted"]
+        self.completed = state["completed"]
+        self.dropped = Counter(state["dropped"])
+        self.retry = deque(state["retry"] + state["outstanding_prompts"])
+        self.dropped[DropReason.EXPIRED.value] += len(state["outstanding_prompts"])
+
+    def counts(self) -> dict:
+        return {"granted": self.granted, "completed": self.completed,
+                "outstanding": len(self.outstanding), "dropped": dict(self.dropped),
+                "cursor": self.cursor}

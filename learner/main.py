@@ -1,0 +1,208 @@
+"""The learner process: wires every component together and runs the training loop.
+
+    actors (PUSH) ──trajectories──▶ [I/O thread: validate ─▶ ReplayBuffer] ──take()──▶ trainer
+    actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats]                      │
+    actors (DEALER) ◀─weights──── [I/O thread: buckets of version v] ◀──publish(v+1)────┘
+
+The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
+waits for every few seconds, so a stall is never silent), trains one step, and publishes the
+next version. The I/O thread (learner/server.py) never waits on the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from buffer.replay import DropReason, ReplayBuffer
+from configs.loader import save_config
+from configs.schema import TetherConfig
+from learner.backend import SingleProcessBackend
+from learner.evaluate import evaluate
+from learner.leases import LeaseTable
+from learner.metrics import MetricsLog
+from learner.model_setup import ensure_model
+from learner.server import LearnerServer
+from learner.trainer import Trainer
+from transport.weights import pack
+
+log = logging.getLogger(__name__)
+
+WAIT_LOG_S = 5.0
+"""While waiting for trajectories, say what is missing this often."""
+
+
+def run(cfg: TetherConfig) -> dict:
+    torch.set_num_threads(1)
+    t0 = time.monotonic()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    model_dir = ensure_model(cfg)
+
+    from transformers import AutoTokenizer
+
+    from actors.hf_engine import HFEngine
+    from tasks import make_task
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
+    backend = SingleProcessBackend(model_dir, cfg.learner.lr, cfg.learner.weight_decay,
+                                   cfg.learner.seed)
+    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
+    buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness)
+    leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
+                        cfg.max_staleness)
+    version = 0
+    state = _latest_checkpoint(run_dir) if cfg.learner.resume else None
+    if state is not None:
+        version = _restore(backend, leases, buffer, state)
+    eval_engine = HFEngine(model_dir)
+    eval_engine.load_weights(backend.state_dict(), version)
+    eval_start = evaluate(eval_engine, task, cfg)
+    log.info("held-out reward at v%d: %.3f", version, eval_start)
+
+    server = LearnerServer(cfg, buffer, leases, model_dir, backend.model.config.vocab_size, version)
+    server.publish(version, pack(backend.state_dict(), version, cfg.transport.weight_bucket_bytes))
+    (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
+    server.start()
+    log.info("learner listening: %s", server.endpoints)
+    actors = _spawn_local_actors(cfg, server.endpoints["control"], run_dir)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", cfg, append=state is not None)
+    reason = "finished"
+    try:
+        while version < cfg.learner.max_steps:
+            groups = buffer.take(cfg.learner.prompts_per_step, version, timeout=WAIT_LOG_S)
+            if groups is None:
+                _log_waiting(server, buffer, version, actors)
+                continue
+            step_t0 = time.monotonic()
+            m = trainer.step(groups, version)
+            version += 1
+            server.publish(version, pack(backend.state_dict(), version,
+                                         cfg.transport.weight_bucket_bytes))
+            metrics.record(version, m, step_t0, server.snapshot(), buffer.counts())
+            if cfg.learner.checkpoint_every and version % cfg.learner.checkpoint_every == 0:
+                _save_checkpoint(backend, server, run_dir, version)
+    except KeyboardInterrupt:
+        reason = "interrupted"
+        log.warning("interrupted at v%d: saving a checkpoint", version)
+    finally:
+        server.stop(reason)
+        buffer.close()
+        _reap(actors)
+    _save_checkpoint(backend, server, run_dir, version)
+    eval_engine.load_weights(backend.state_dict(), version)
+    eval_end = evaluate(eval_engine, task, cfg)
+    backend.export_hf(run_dir / "final_model")
+    summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
+                       metrics, reason)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.info("done: %s", json.dumps({k: summary[k] for k in
+                                      ("eval_reward_start", "eval_reward_end", "steps",
+                                       "wall_seconds", "accounting_ok")}))
+    return summary
+
+
+def _spawn_local_actors(cfg: TetherConfig, endpoint: str, run_dir: Path) -> list[subprocess.Popen]:
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    procs = []
+    for i in range(cfg.actors.num_local):
+        out = open(logs / f"actor-{i}.log", "ab")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
+             "--actor-id", f"local-{i}", endpoint], stdout=out, stderr=subprocess.STDOUT))
+        out.close()
+    if procs:
+        log.info("started %d local actor(s); logs in %s", len(procs), logs)
+    return procs
+
+
+def _reap(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    """Actors exit on the Shutdown message; anything still alive after `timeout` is killed."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("actor pid %d did not exit; killing it", p.pid)
+            p.kill()
+            p.wait()
+
+
+def _log_waiting(server: LearnerServer, buffer: ReplayBuffer, version: int,
+                 actors: list[subprocess.Popen]) -> None:
+    snap = server.snapshot()
+    dead = [p.pid for p in actors if p.poll() is not None]
+    log.info("v%d waiting for trajectories: buffer %d, actors connected %d, leases outstanding %d%s",
+             version, len(buffer), snap["actors_connected"], snap["leases"]["outstanding"],
+             f", local actor pid(s) {dead} exited" if dead else "")
+    if actors and len(dead) == len(actors) and snap["actors_connected"] == 0:
+        raise RuntimeError("every local actor process has exited; see run_dir/logs/actor-*.log")
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    dirs = _checkpoint_dirs(run_dir)
+    if not dirs:
+        raise FileNotFoundError(f"learner.resume is true but {run_dir}/checkpoints has none")
+    return dirs[-1]
+
+
+def _save_checkpoint(backend, server: LearnerServer, run_dir: Path, version: int) -> None:
+    snap = server.snapshot()
+    extra = {"version": version, **server.checkpoint_state()}
+    path = run_dir / "checkpoints" / f"step_{version}"
+    tmp = path.with_name(path.name + ".tmp")
+    backend.save_checkpoint(tmp, extra)
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.rename(path)
+    log.info("checkpoint v%d saved to %s (%d actors connected)", version, path,
+             snap["actors_connected"])
+
+
+def _restore(backend, leases: LeaseTable, buffer: ReplayBuffer, path: Path) -> int:
+    state = backend.load_checkpoint(path)
+    leases.load_state(state["leases"])
+    b = state["buffer"]
+    buffer.consumed = b["consumed"]
+    buffer.received = b["received"]
+    buffer.dropped.update(b["dropped"])
+    # Groups that sat in the buffer at the checkpoint are gone with the old process.
+    lost = b["size"]
+    if lost:
+        buffer.dropped[DropReason.EXPIRED.value] += lost
+    log.info("resumed from %s at v%d (prompt cursor %d)", path, state["version"], leases.cursor)
+    return int(state["version"])
+
+
+def _summary(cfg, eval_start, eval_end, version, wall, server, buffer, metrics, reason) -> dict:
+    snap = server.snapshot()
+    lc, bc = snap["leases"], buffer.counts()
+    dropped = dict(lc["dropped"])
+    for k, v in bc["dropped"].items():
+        dropped[k] = dropped.get(k, 0) + v
+    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    return {
+        "eval_reward_start": eval_start, "eval_reward_end": eval_end, "steps": version,
+        "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
+        "correction": cfg.learner.correction,
+        "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+        "buffer": bc, "rejected_messages": snap["rejected"],
+        "accounting_ok": accounted == lc["granted"],
+        "metrics_summary": metrics.summary(),
+    }

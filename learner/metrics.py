@@ -1,0 +1,50 @@
+"""Per-step metrics: one JSON line per step in run_dir/metrics.jsonl, a progress line every
+`learner.log_every` steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from configs.schema import TetherConfig
+
+log = logging.getLogger(__name__)
+
+
+class MetricsLog:
+    def __init__(self, path: Path, cfg: TetherConfig, append: bool) -> None:
+        self.path = path
+        self.cfg = cfg
+        self.file = open(path, "a" if append else "w")
+        self.t0 = time.monotonic()
+        self.last_t = self.t0
+        self.rows: list[dict] = []
+
+    def record(self, version: int, m: dict, step_t0: float, server: dict, buffer: dict) -> None:
+        now = time.monotonic()
+        row = {"step": version, "time_s": round(now - self.t0, 3), **m,
+               "train_s": now - step_t0, "tokens_per_s": m["tokens"] / max(now - self.last_t, 1e-9),
+               "buffer_size": buffer["size"], "buffer_capacity": buffer["capacity"],
+               "dropped_stale": buffer["dropped"].get("stale", 0),
+               "actors_connected": server["actors_connected"],
+               "leases_outstanding": server["leases"]["outstanding"]}
+        self.last_t = now
+        self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if version % self.cfg.learner.log_every == 0 or version == self.cfg.learner.max_steps:
+            log.info("step %d/%d | reward %.3f | staleness %.2f (max %d) | %.0f tok/s | "
+                     "buffer %d/%d | actors %d | dropped stale %d | clip %.3f | kl %.2e",
+                     version, self.cfg.learner.max_steps, row["reward_mean"],
+                     row["staleness_mean"], row["staleness_max"], row["tokens_per_s"],
+                     row["buffer_size"], row["buffer_capacity"], row["actors_connected"],
+                     row["dropped_stale"], row["clip_frac"], row["kl_behavior_prox_k3"])
+
+    def summary(self) -> dict:
+        if not self.rows:
+            return {}
+        last = self.rows[-20:]
+        return {"train_reward_last20": sum(r["reward_mean"] for r in last) / len(last),
+                "staleness_mean": sum(r["staleness_mean"] for r in self.rows) / len(self.rows)}

@@ -1,0 +1,373 @@
+"""The learner's I/O thread: control ROUTER, trajectory PULL, weights ROUTER.
+
+It owns the sockets, the lease table and the actor registry; the trainer thread talks to it only
+through `publish()` / `stop()` (a command queue plus an inproc wake-up socket) and the buffer.
+
+What blocks where:
+  * `run()` blocks only in `poller.poll(tick)`; every handler is non-blocking.
+  * The trajectory socket is polled only while the buffer has room. While it is full, unread
+    trajectories wait in ZeroMQ queues (bounded by high-water marks) and the actors' PUSH
+    `send` blocks: that is the backpressure path.
+  * A WorkRequest is parked (no reply) until the capacity rule admits new leases; the actor
+    keeps heartbeating meanwhile, so a parked actor is never mistaken for a dead one.
+  * An actor silent for `peer_timeout_s` is dead: its leases expire and are granted again.
+  * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
+    the immutable buckets of the current version, so queueing them costs no copies, and a
+    ROUTER at its high-water mark would silently drop buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from buffer.replay import DropReason, ReplayBuffer
+from configs.schema import TetherConfig
+from learner.leases import LeaseRecord, LeaseTable
+from learner.validate import InvalidTrajectory, to_group
+from transport import messages as m
+from transport.sockets import bind, configure
+from transport.weights import PackedWeights
+
+log = logging.getLogger(__name__)
+
+TICK_MS = 100
+"""Poll timeout: the longest the loop goes without checking for dead actors."""
+
+
+@dataclass
+class ActorState:
+    identity: bytes
+    last_seen: float
+    weight_version: int = -1
+    parked_groups: int = 0
+    """Groups asked for by a WorkRequest still waiting for capacity (0 = none parked)."""
+
+
+class LearnerServer(threading.Thread):
+    def __init__(self, cfg: TetherConfig, buffer: ReplayBuffer, leases: LeaseTable,
+                 model_dir: Path, vocab_size: int, version: int) -> None:
+        super().__init__(name="learner-io", daemon=True)
+        self.cfg = cfg
+        self.tcfg = cfg.transport
+        self.buffer = buffer
+        self.leases = leases
+        self.vocab_size = vocab_size
+        self.version = version
+        self.packed: PackedWeights | None = None
+        self.run_id = uuid.uuid4().hex[:12]
+        self.model_files = _model_files(model_dir)
+        self.actors: dict[str, ActorState] = {}
+        self.rejected: Counter[str] = Counter()
+        """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
+        self.weights_served = 0
+        self._commands: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._enc = m.encoder()
+        self._dec = m.Decoders()
+        self._ctx = zmq.Context()
+        self._bind_sockets()
+
+    # ------------------------------------------------------------ setup
+    def _bind_sockets(self) -> None:
+        t = self.tcfg
+        self.control = configure(self._ctx.socket(zmq.ROUTER), t, limit_size=True)
+        self.trajectory = configure(self._ctx.socket(zmq.PULL), t, limit_size=True)
+        self.weights = configure(self._ctx.socket(zmq.ROUTER), t, limit_size=True)
+        self.weights.setsockopt(zmq.SNDHWM, 0)
+        ports = (bind(self.control, t.host, t.control_port),
+                 bind(self.trajectory, t.host, t.trajectory_port),
+                 bind(self.weights, t.host, t.weights_port))
+        host = t.advertise_host or t.host
+        if host == "0.0.0.0":
+            import socket
+
+            host = socket.gethostname()
+        self.endpoints = {name: f"tcp://{host}:{port}"
+                          for name, port in zip(("control", "trajectory", "weights"), ports)}
+        self._wake_addr = f"inproc://wake-{id(self)}"
+        self._wake_rx = self._ctx.socket(zmq.PAIR)
+        self._wake_rx.bind(self._wake_addr)
+        self._wake_tx = self._ctx.socket(zmq.PAIR)
+        self._wake_tx.connect(self._wake_addr)
+
+    # ------------------------------------------------------------ called from the trainer thread
+    def publish(self, version: int, packed: PackedWeights) -> None:
+        """Make `version` current: served to actors that ask, announced to all live actors."""
+        self._command(("publish", version, packed))
+
+    def stop(self, reason: str) -> None:
+        """Tell every actor to shut down, close the sockets, end the thread."""
+        self._command(("stop", reason))
+        self.join()
+        self._wake_tx.close(linger=0)
+        self._ctx.term()
+
+    def _command(self, cmd: tuple) -> None:
+        self._commands.put(cmd)
+        with self._lock:
+            self._wake_tx.send(b"", zmq.NOBLOCK)
+
+    def snapshot(self) -> dict:
+        """Counters for metrics and the accounting check (a consistent copy)."""
+        with self._lock:
+            now = time.monotonic()
+            return {
+                "actors_connected": len(self.actors),
+                "actor_versions": {a: s.weight_version for a, s in self.actors.items()},
+                "oldest_actor_silence_s": max((now - s.last_seen for s in self.actors.values()),
+                                              default=0.0),
+                "leases": self.leases.counts(),
+                "rejected": dict(self.rejected),
+                "weights_served": self.weights_served,
+            }
+
+    def checkpoint_state(self) -> dict:
+        """Lease table and buffer counters taken together (no group moves in between)."""
+        with self._lock:
+            return {"leases": self.leases.state(), "buffer": self.buffer.counts()}
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.weights, zmq.POLLIN)
+        poller.register(self._wake_rx, zmq.POLLIN)
+        reading_trajectories = False
+        stopping: str | None = None
+        while stopping is None:
+            want = self.buffer.has_room()
+            if want != reading_trajectories:
+                if want:
+                    poller.register(self.trajectory, zmq.POLLIN)
+                else:
+                    poller.unregister(self.trajectory)
+                reading_trajectories = want
+            events = dict(poller.poll(TICK_MS))
+            with self._lock:
+                if self.control in events:
+                    self._drain(self.control, self._on_control)
+                if self.weights in events:
+                    self._drain(self.weights, self._on_weight_request)
+                if self.trajectory in events:
+                    self._drain(self.trajectory, self._on_trajectory, until_full=True)
+                if self._wake_rx in events:
+                    self._drain(self._wake_rx, lambda frames: None)
+                stopping = self._run_commands()
+                self._expire_dead_actors()
+                self._serve_parked()
+        self._shutdown(stopping)
+
+    def _drain(self, sock: zmq.Socket, handler, until_full: bool = False, limit: int = 256) -> None:
+        for _ in range(limit):
+            if until_full and not self.buffer.has_room():
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            handler(frames)
+
+    def _run_commands(self) -> str | None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return None
+            match cmd:
+                case ("publish", version, packed):
+                    self.version, self.packed = version, packed
+                    ack = self._enc.encode(m.HeartbeatAck(latest_version=version))
+                    for st in self.actors.values():
+                        self.control.send_multipart([st.identity, ack], zmq.NOBLOCK)
+                case ("stop", reason):
+                    return reason
+
+    def _shutdown(self, reason: str) -> None:
+        msg = self._enc.encode(m.Shutdown(reason=reason))
+        for st in self.actors.values():
+            self.control.send_multipart([st.identity, msg], zmq.NOBLOCK)
+        log.info("told %d actor(s) to shut down: %s", len(self.actors), reason)
+        for sock in (self.control, self.trajectory, self.weights, self._wake_rx):
+            sock.close(linger=200)
+
+    # ------------------------------------------------------------ control channel
+    def _reject(self, reason: str, detail: str, identity: bytes | None = None) -> None:
+        self.rejected[reason] += 1
+        n = self.rejected[reason]
+        if n <= 5 or n % 1000 == 0:
+            log.warning("rejected message #%d (%s): %s", n, reason, detail)
+        if identity is not None:
+            self.control.send_multipart([identity, self._enc.encode(m.Reject(reason=detail))],
+                                        zmq.NOBLOCK)
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self._reject("malformed", f"control message with {len(frames)} frames",
+                         frames[0] if frames else None)
+            return
+        identity, payload = frames
+        try:
+            msg = self._dec.from_actor.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._reject("malformed", f"control: {e}", identity)
+            return
+        match msg:
+            case m.Hello():
+                self._on_hello(identity, msg)
+            case m.WorkRequest() | m.Heartbeat() | m.Goodbye():
+                st = self.actors.get(msg.actor_id)
+                if st is None or st.identity != identity:
+                    self._reject("not_registered", f"actor {msg.actor_id!r} must send Hello first",
+                                 identity)
+                    return
+                st.last_seen = time.monotonic()
+                self._on_registered(st, msg)
+
+    def _on_hello(self, identity: bytes, msg: m.Hello) -> None:
+        if msg.protocol_version != m.PROTOCOL_VERSION:
+            self._reject("protocol_version",
+                         f"protocol version mismatch: actor {msg.actor_id!r} speaks "
+                         f"v{msg.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}", identity)
+            return
+        if not msg.actor_id or len(msg.actor_id) > 128:
+            self._reject("bad_actor_id", "actor_id must be 1..128 characters", identity)
+            return
+        if msg.actor_id in self.actors:
+            # A restarted actor reuses its id: whatever the old incarnation held is lost.
+            self.leases.expire_actor(msg.actor_id)
+        self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic())
+        log.info("actor %s joined (engine %s); %d connected", msg.actor_id, msg.engine,
+                 len(self.actors))
+        welcome = m.Welcome(
+            protocol_version=m.PROTOCOL_VERSION, actor_id=msg.actor_id,
+            trajectory_endpoint=self.endpoints["trajectory"],
+            weights_endpoint=self.endpoints["weights"], latest_version=self.version,
+            heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
+            model_files=self.model_files, run_id=self.run_id)
+        self.control.send_multipart([identity, self._enc.encode(welcome)], zmq.NOBLOCK)
+
+    def _on_registered(self, st: ActorState, msg) -> None:
+        match msg:
+            case m.WorkRequest(actor_id=aid, max_groups=k):
+                if not 1 <= k <= 1024:
+                    self._reject("bad_request", f"max_groups must be in [1, 1024], got {k}",
+                                 st.identity)
+                    return
+                st.parked_groups = k
+                self._serve(aid, st)
+            case m.Heartbeat(weight_version=v):
+                st.weight_version = v
+                ack = m.HeartbeatAck(latest_version=self.version)
+                self.control.send_multipart([st.identity, self._enc.encode(ack)], zmq.NOBLOCK)
+            case m.Goodbye(actor_id=aid):
+                self.leases.expire_actor(aid)
+                del self.actors[aid]
+                log.info("actor %s left; %d connected", aid, len(self.actors))
+
+    def _serve_parked(self) -> None:
+        for aid, st in list(self.actors.items()):
+            if st.parked_groups:
+                self._serve(aid, st)
+
+    def _serve(self, aid: str, st: ActorState) -> None:
+        dropped = sum(self.buffer.dropped.values())
+        recs = self.leases.grant(aid, st.parked_groups, self.version, dropped)
+        if not recs:
+            return
+        st.parked_groups = 0
+        grant = m.LeaseGrant(leases=[self._lease_msg(r) for r in recs], latest_version=self.version)
+        self.control.send_multipart([st.identity, self._enc.encode(grant)], zmq.NOBLOCK)
+
+    def _lease_msg(self, r: LeaseRecord) -> m.Lease:
+        task = self.cfg.task
+        return m.Lease(lease_id=r.lease_id, prompt_id=r.prompt.prompt_id,
+                       prompt_ids=m.Array.from_numpy(r.prompt.token_ids), num_samples=r.num_samples,
+                       min_version=r.min_version, seed=self.cfg.learner.seed,
+                       max_new_tokens=task.max_new_tokens, temperature=task.temperature,
+                       meta=r.prompt.meta)
+
+    def _expire_dead_actors(self) -> None:
+        now = time.monotonic()
+        for aid, st in list(self.actors.items()):
+            if now - st.last_seen > self.tcfg.peer_timeout_s:
+                log.warning("actor %s silent for %.1fs: declared dead", aid, now - st.last_seen)
+                self.leases.expire_actor(aid)
+                del self.actors[aid]
+
+    # ------------------------------------------------------------ trajectory channel
+    def _on_trajectory(self, frames: list[bytes]) -> None:
+        if len(frames) != 1:
+            self._reject("malformed", f"trajectory message with {len(frames)} frames")
+            return
+        try:
+            msg = self._dec.trajectory.decode(frames[0])
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._reject("malformed", f"trajectory: {e}")
+            return
+        rec = self.leases.complete(msg.lease_id, msg.actor_id)
+        if rec is None:
+            self._reject("unknown_lease", f"lease {msg.lease_id} from {msg.actor_id!r} is not "
+                         "outstanding for that actor (duplicate, expired or forged)")
+            return
+        if st := self.actors.get(msg.actor_id):
+            st.last_seen = time.monotonic()
+        errors = [s.error for s in msg.samples if s.error]
+        if errors:
+            log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
+                        errors[0])
+            self.leases.drop(rec, DropReason.AGENT_ERROR)
+            return
+        try:
+            group = to_group(msg, rec, self.vocab_size, self.version,
+                             max_tokens=self.cfg.task.max_new_tokens)
+        except InvalidTrajectory as e:
+            self.leases.drop(rec, DropReason.INVALID)
+            self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
+            return
+        self.buffer.put(group)
+
+    # ------------------------------------------------------------ weights channel
+    def _on_weight_request(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self._reject("malformed", f"weight request with {len(frames)} frames")
+            return
+        identity, payload = frames
+        try:
+            req = self._dec.weight_request.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self._reject("malformed", f"weights: {e}")
+            return
+        st = self.actors.get(req.actor_id)
+        if st is None:
+            self._reject("not_registered", f"weights: actor {req.actor_id!r} must send Hello first")
+            return
+        packed = self.packed
+        if packed is None or req.have_version >= packed.manifest.version:
+            empty = m.WeightManifest(version=self.version, tensors=[], num_buckets=0, total_bytes=0)
+            self.weights.send_multipart([identity, self._enc.encode(empty)])
+            return
+        self.weights.send_multipart([identity, self._enc.encode(packed.manifest)])
+        for i, data in enumerate(packed.buckets):
+            header = self._enc.encode(m.WeightBucket(version=packed.manifest.version, index=i,
+                                                     nbytes=len(data)))
+            self.weights.send_multipart([identity, header, data], copy=False)
+        self.weights_served += 1
+
+
+def _model_files(model_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, bytes]:
+    """The small non-weight files of an HF model directory (config, tokenizer)."""
+    out = {}
+    for p in sorted(model_dir.iterdir()):
+        if p.is_file() and p.suffix in (".json", ".txt", ".model", ".jinja") and p.stat().st_size < limit:
+            out[p.name] = p.read_bytes()
+    return out

@@ -1,0 +1,1 @@
+"""Model code shared by learner and actors: the tiny local model and token logprobs."""

@@ -1,0 +1,45 @@
+"""Build the tiny Qwen2 model and word-level tokenizer locally (no model hub).
+
+The result is a normal HF model directory (`save_pretrained`): config.json, model.safetensors
+and tokenizer files, loadable by transformers and by vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VOCAB = ["<pad>", "<bos>", "<eos>", "<unk>", "rev", "="] + [str(d) for d in range(10)]
+"""16 word-level tokens: specials, the task words, the ten digits."""
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", unk_token="<unk>")
+
+
+def build_model(seed: int = 0):
+    """Qwen2 from config: hidden 64, 2 layers, 2 heads of dim 32, MLP 256, tied embeddings."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(VOCAB), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=32, intermediate_size=256, tie_word_embeddings=True,
+        max_position_embeddings=64, attention_dropout=0.0, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)
+
+
+def save(model, tokenizer, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)

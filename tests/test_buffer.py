@@ -1,0 +1,106 @@
+import threading
+
+from buffer.replay import ReplayBuffer
+
+from helpers import FakeTask, make_group
+from learner.leases import LeaseTable
+
+
+def test_take_drops_stale_groups_and_counts_them():
+    buf = ReplayBuffer(capacity=8, max_staleness=1)
+    for i, v in enumerate([0, 1, 2, 3]):
+        buf.put(make_group(i, v))
+    # At version 3, groups sampled at 0 and 1 are 3 and 2 versions old: too stale for eta=1.
+    got = buf.take(2, version=3, timeout=1)
+    assert [g.lease_id for g in got] == [2, 3]
+    c = buf.counts()
+    assert c["received"] == 4 and c["consumed"] == 2 and c["dropped"] == {"stale": 2}
+    assert c["size"] == 0
+
+
+def test_staleness_uses_the_oldest_token_version():
+    buf = ReplayBuffer(capacity=4, max_staleness=1)
+    g = make_group(0, 5)
+    g.versions[1][0] = 3  # one token of one sample is older
+    buf.put(g)
+    assert buf.take(1, version=5, timeout=0.05) is None
+    assert buf.counts()["dropped"] == {"stale": 1}
+
+
+def test_take_times_out_and_returns_none_when_short():
+    buf = ReplayBuffer(capacity=4, max_staleness=0)
+    buf.put(make_group(0, 0))
+    assert buf.take(2, version=0, timeout=0.05) is None
+    assert len(buf) == 1  # nothing lost by the timeout
+
+
+def test_take_wakes_when_a_producer_fills_it():
+    buf = ReplayBuffer(capacity=4, max_staleness=0)
+    ready = threading.Event()
+
+    def produce():
+        ready.wait()
+        buf.put(make_group(0, 0))
+        buf.put(make_group(1, 0))
+
+    t = threading.Thread(target=produce)
+    t.start()
+    ready.set()
+    got = buf.take(2, version=0, timeout=10)
+    t.join()
+    assert [g.lease_id for g in got] == [0, 1]
+
+
+def test_capacity_is_bounded():
+    buf = ReplayBuffer(capacity=2, max_staleness=0)
+    buf.put(make_group(0, 0))
+    buf.put(make_group(1, 0))
+    assert not buf.has_room()
+    import pytest
+
+    with pytest.raises(RuntimeError, match="full"):
+        buf.put(make_group(2, 0))
+
+
+def test_close_wakes_a_blocked_take():
+    buf = ReplayBuffer(capacity=2, max_staleness=0)
+    threading.Timer(0.05, buf.close).start()
+    assert buf.take(1, version=0, timeout=30) is None
+
+
+def test_capacity_rule_eta0_grants_one_batch_per_version():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    assert len(table.grant("a", 10, version=0, dropped_elsewhere=0)) == 4
+    assert table.grant("a", 10, version=0, dropped_elsewhere=0) == []
+    got = table.grant("b", 10, version=1, dropped_elsewhere=0)
+    assert len(got) == 4 and all(r.min_version == 1 for r in got)
+    assert [r.prompt.prompt_id for r in got] == [4, 5, 6, 7]
+
+
+def test_capacity_rule_eta2_and_drops_free_capacity():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
+    assert len(table.grant("a", 100, version=0, dropped_elsewhere=0)) == 12
+    assert table.grant("a", 100, version=0, dropped_elsewhere=0) == []
+    # Two groups dropped stale in the buffer may be replaced.
+    assert len(table.grant("a", 100, version=0, dropped_elsewhere=2)) == 2
+
+
+def test_expired_leases_are_regranted_and_accounted():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    recs = table.grant("dead", 3, version=0, dropped_elsewhere=0)
+    assert table.expire_actor("dead") == 3
+    again = table.grant("alive", 4, version=0, dropped_elsewhere=0)
+    assert [r.prompt.prompt_id for r in again] == [0, 1, 2, 3]
+    assert table.complete(recs[0].lease_id, "dead") is None  # late result of an expired lease
+    c = table.counts()
+    assert c["granted"] == 7 and c["dropped"] == {"expired": 3} and c["outstanding"] == 4
+
+
+def test_lease_state_round_trip_expires_outstanding():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    recs = table.grant("a", 4, version=0, dropped_elsewhere=0)
+    table.complete(recs[0].lease_id, "a")
+    fresh = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    fresh.load_state(table.state())
+    assert fresh.cursor == 4 and fresh.dropped["expired"] == 3
+    assert [r.prompt.prompt_id for r in fresh.grant("b", 3, 0, 0)] == [1, 2, 3]

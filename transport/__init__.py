@@ -1,0 +1,1 @@
+"""Wire protocol (`messages`), socket set-up (`sockets`) and weight bucketing (`weights`)."""

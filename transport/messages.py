@@ -1,0 +1,230 @@
+"""Every message that crosses a Tether socket.
+
+MessagePack via msgspec Structs: typed, validated on decode, never pickle. One tagged union per
+channel and direction, one decoder per socket (`Decoders` below). Schema evolution: new fields
+get defaults and go at the end; `PROTOCOL_VERSION` is checked in the `Hello` handshake.
+
+Channels (learner binds, actors connect):
+
+    control     actor DEALER  <->  learner ROUTER   Hello, WorkRequest, Heartbeat, Goodbye
+                                                     -> Welcome, Reject, LeaseGrant, HeartbeatAck, Shutdown
+    trajectory  actor PUSH     ->  learner PULL     GroupResult
+    weights     actor DEALER  <->  learner ROUTER   WeightRequest -> WeightManifest, then
+                                                     num_buckets x [WeightBucket header, raw bytes]
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
+
+
+class Array(msgspec.Struct, frozen=True):
+    """A dense array as raw little-endian bytes + dtype + shape (never a list of numbers)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @classmethod
+    def from_numpy(cls, a: np.ndarray) -> "Array":
+        a = np.ascontiguousarray(a)
+        return cls(dtype=str(a.dtype), shape=tuple(a.shape), data=a.tobytes())
+
+    def to_numpy(self) -> np.ndarray:
+        """Decode and check that dtype and shape agree with the byte count."""
+        if self.dtype not in ALLOWED_DTYPES or self.dtype == "bfloat16":
+            raise ValueError(f"array dtype {self.dtype!r} is not one of {ALLOWED_DTYPES[:-1]}")
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"array shape {self.shape} has a negative dimension")
+        dt = np.dtype(self.dtype)
+        expected = int(np.prod(self.shape, dtype=np.int64)) * dt.itemsize
+        if expected != len(self.data):
+            raise ValueError(f"array of dtype {self.dtype} and shape {self.shape} needs "
+                             f"{expected} bytes, got {len(self.data)}")
+        return np.frombuffer(self.data, dtype=dt).reshape(self.shape)
+
+
+# ---------------------------------------------------------------- control: actor -> learner
+
+class Hello(msgspec.Struct, tag="hello"):
+    """Actor -> learner, first message on the control socket."""
+
+    protocol_version: int
+    actor_id: str
+    engine: str
+
+
+class WorkRequest(msgspec.Struct, tag="work"):
+    """Actor -> learner: ask for up to `max_groups` leases. The learner answers with a
+    `LeaseGrant` as soon as the staleness capacity allows (the request is parked until then)."""
+
+    actor_id: str
+    max_groups: int
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat"):
+    """Actor -> learner every `transport.heartbeat_s`, also while generating."""
+
+    actor_id: str
+    weight_version: int
+    leases_held: int
+
+
+class Goodbye(msgspec.Struct, tag="goodbye"):
+    """Actor -> learner on clean shutdown: its leases are released for re-granting."""
+
+    actor_id: str
+
+
+ActorToLearner = Hello | WorkRequest | Heartbeat | Goodbye
+
+
+# ---------------------------------------------------------------- control: learner -> actor
+
+class Welcome(msgspec.Struct, tag="welcome"):
+    """Learner -> actor, the answer to a valid Hello.
+
+    `model_files` carries the small files an actor needs to build the model skeleton
+    (config.json, tokenizer files); the weights follow on the weights channel."""
+
+    protocol_version: int
+    actor_id: str
+    trajectory_endpoint: str
+    weights_endpoint: str
+    latest_version: int
+    heartbeat_s: float
+    peer_timeout_s: float
+    model_files: dict[str, bytes]
+    run_id: str
+
+
+class Reject(msgspec.Struct, tag="reject"):
+    """Learner -> actor: the last message was refused (wrong protocol, unknown actor...)."""
+
+    reason: str
+
+
+class Lease(msgspec.Struct):
+    """One GRPO group of work: `num_samples` rollouts of one prompt.
+
+    The actor must generate with weights of version >= `min_version`. Sample i is seeded from
+    (seed, prompt_id, i, weight version used), so results never depend on which actor ran it."""
+
+    lease_id: int
+    prompt_id: int
+    prompt_ids: Array
+    num_samples: int
+    min_version: int
+    seed: int
+    max_new_tokens: int
+    temperature: float
+    meta: dict[str, str]
+
+
+class LeaseGrant(msgspec.Struct, tag="grant"):
+    """Learner -> actor: the answer to a WorkRequest."""
+
+    leases: list[Lease]
+    latest_version: int
+
+
+class HeartbeatAck(msgspec.Struct, tag="heartbeat_ack"):
+    """Learner -> actor: tells the actor the newest published weight version."""
+
+    latest_version: int
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    """Learner -> actor: the run is over; finish nothing, exit cleanly."""
+
+    reason: str
+
+
+LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | Shutdown
+
+
+# ---------------------------------------------------------------- trajectory: actor -> learner
+
+class Sample(msgspec.Struct):
+    """One rollout. `completion_ids`, `logprobs`, `versions` and `loss_mask` are aligned per token:
+    the behavior logprob under the sampling distribution, the policy version that sampled the
+    token, and 1 for model tokens (0 for tool/environment tokens)."""
+
+    sample_index: int
+    completion_ids: Array
+    logprobs: Array
+    versions: Array
+    loss_mask: Array
+    reward: float
+    error: str = ""
+
+
+class GroupResult(msgspec.Struct, tag="group"):
+    """Actor -> learner: the finished rollouts of one lease."""
+
+    lease_id: int
+    actor_id: str
+    prompt_id: int
+    samples: list[Sample]
+
+
+# ---------------------------------------------------------------- weights
+
+class WeightRequest(msgspec.Struct, tag="weight_request"):
+    """Actor -> learner: send me the newest weights (if newer than `have_version`)."""
+
+    actor_id: str
+    have_version: int
+
+
+class TensorMeta(msgspec.Struct):
+    """Where one tensor lives inside the buckets of a weight version."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+class WeightManifest(msgspec.Struct, tag="manifest"):
+    """Learner -> actor: version `version` follows as `num_buckets` WeightBucket messages.
+    `num_buckets == 0` means the actor already has the newest version."""
+
+    version: int
+    tensors: list[TensorMeta]
+    num_buckets: int
+    total_bytes: int
+
+
+class WeightBucket(msgspec.Struct, tag="bucket"):
+    """Learner -> actor: header frame; the bucket's raw bytes follow as the next frame."""
+
+    version: int
+    index: int
+    nbytes: int
+
+
+WeightsToActor = WeightManifest | WeightBucket
+
+
+class Decoders:
+    """One decoder per socket role, built once (msgspec decoders are reusable)."""
+
+    def __init__(self) -> None:
+        self.from_actor = msgspec.msgpack.Decoder(ActorToLearner)
+        self.to_actor = msgspec.msgpack.Decoder(LearnerToActor)
+        self.trajectory = msgspec.msgpack.Decoder(GroupResult)
+        self.weight_request = msgspec.msgpack.Decoder(WeightRequest)
+        self.weights = msgspec.msgpack.Decoder(WeightsToActor)
+
+
+def encoder() -> msgspec.msgpack.Encoder:
+    return msgspec.msgpack.Encoder()
+

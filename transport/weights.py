@@ -1,0 +1,78 @@
+"""Versioned weights as buckets of raw bytes.
+
+The learner packs a state dict once per version (`pack`); the same immutable byte buckets are
+sent to every actor that asks, zero-copy. Actors rebuild tensors with `unpack` without copying
+through Python objects. Only raw bytes + dtype + shape cross the wire, never pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from transport.messages import TensorMeta, WeightManifest
+
+_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
+}
+
+
+@dataclass(frozen=True)
+class PackedWeights:
+    """One published weight version: the manifest plus its buckets (immutable bytes)."""
+
+    manifest: WeightManifest
+    buckets: tuple[bytes, ...]
+
+
+def pack(state: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> PackedWeights:
+    """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own)."""
+    metas: list[TensorMeta] = []
+    buckets: list[bytes] = []
+    current: list[bytes] = []
+    size = 0
+    for name, t in state.items():
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"cannot send tensor {name} of dtype {t.dtype}")
+        raw = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        if current and size + len(raw) > bucket_bytes:
+            buckets.append(b"".join(current))
+            current, size = [], 0
+        metas.append(TensorMeta(name=name, dtype=dtype, shape=tuple(t.shape),
+                                bucket=len(buckets), offset=size, nbytes=len(raw)))
+        current.append(raw)
+        size += len(raw)
+    if current:
+        buckets.append(b"".join(current))
+    manifest = WeightManifest(version=version, tensors=metas, num_buckets=len(buckets),
+                              total_bytes=sum(len(b) for b in buckets))
+    return PackedWeights(manifest=manifest, buckets=tuple(buckets))
+
+
+def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Tensor]:
+    """Rebuild the state dict; raises ValueError if the buckets do not match the manifest."""
+    if len(buckets) != manifest.num_buckets:
+        raise ValueError(f"weights v{manifest.version}: expected {manifest.num_buckets} buckets, "
+                         f"got {len(buckets)}")
+    state: dict[str, torch.Tensor] = {}
+    for m in manifest.tensors:
+        if m.dtype not in _DTYPES:
+            raise ValueError(f"weights v{manifest.version}: tensor {m.name} has dtype {m.dtype!r}")
+        if not 0 <= m.bucket < len(buckets):
+            raise ValueError(f"weights v{manifest.version}: tensor {m.name} names bucket {m.bucket}")
+        buf = buckets[m.bucket]
+        if m.offset < 0 or m.offset + m.nbytes > len(buf):
+            raise ValueError(f"weights v{manifest.version}: tensor {m.name} overruns its bucket")
+        dtype = _DTYPES[m.dtype]
+        numel = 1
+        for d in m.shape:
+            numel *= d
+        if numel * dtype.itemsize != m.nbytes:
+            raise ValueError(f"weights v{manifest.version}: tensor {m.name} shape {m.shape} "
+                             f"does not fit {m.nbytes} bytes")
+        flat = torch.frombuffer(bytearray(buf[m.offset:m.offset + m.nbytes]), dtype=torch.uint8)
+        state[m.name] = flat.view(dtype).reshape(m.shape)
+    return state
