@@ -86,10 +86,8 @@ class Actor:
         self.weights = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
         self.weights.setsockopt(zmq.RCVHWM, 0)
         self.weights.connect(welcome.weights_endpoint)
-        if self.client is None:
-            self.client, self.agent = await asyncio.to_thread(self._build, welcome)
         tasks = [asyncio.create_task(c) for c in
-                 (self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop())]
+                 (self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome))]
         stop_wait = asyncio.create_task(self.stopped.wait())
         try:
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
@@ -164,21 +162,24 @@ class Actor:
                     self.stopped.set()
                     return
                 case m.Reject(reason=reason):
-                    raise Rejected(reason)
+                    # e.g. a restarted learner that does not know us yet: join again
+                    raise LearnerLost(f"learner refused a message ({reason})")
                 case m.Welcome():
                     pass  # answer to a repeated Hello
 
     async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
         while True:
             await self.control.send(self.enc.encode(m.Heartbeat(
-                actor_id=self.actor_id, weight_version=self.client.version,
+                actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
                 leases_held=0)))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             silent = time.monotonic() - self.last_heard
             if silent > welcome.peer_timeout_s:
                 raise LearnerLost(f"learner silent for {silent:.1f}s")
 
-    async def _work_loop(self) -> None:
+    async def _work_loop(self, welcome: m.Welcome) -> None:
+        if self.client is None:  # heartbeats already run while the engine is built
+            self.client, self.agent = await asyncio.to_thread(self._build, welcome)
         await self._sync_weights()
         want = self.cfg.actors.groups_per_request
         while True:

@@ -33,7 +33,7 @@ class TaskConfig:
     """Length of the digit string the toy reversal task asks to reverse."""
     eval_prompts: int = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
-    max_new_tokens: int = 6
+    max_new_tokens: int = 5
     """Most tokens an actor may generate per sample."""
     temperature: float = 1.0
     """Sampling temperature; behavior logprobs are those of this tempered distribution."""

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run the test suite in the project's own environment. Extra arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")"
+bash scripts/env.sh || exit 1
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+.venv/bin/python -m pytest -ra "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests (exit 5)" >&2
+  exit 1
+fi
+exit "$rc"

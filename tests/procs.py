@@ -1,0 +1,86 @@
+"""Run Tether roles as real subprocesses and wait on what they log (no sleeps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "configs" / "toy_reverse.yaml"
+
+
+class Proc:
+    """A `python -m MODULE ...` child whose output lines are collected by a reader thread."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.log = open(log_path, "w")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            self.log.write(line)
+            self.log.flush()
+            with self.cond:
+                self.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        """Block until a line matches `pattern`; fail if the process ends or time runs out."""
+        rx = re.compile(pattern)
+        seen = 0
+        with self.cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if mt := rx.search(line):
+                        return mt
+                seen = len(self.lines)
+                if self.p.poll() is not None and not self.reader.is_alive():
+                    raise AssertionError(f"process ended before {pattern!r}:\n{self.tail()}")
+                if not self.cond.wait(timeout=timeout):
+                    raise AssertionError(f"timed out waiting for {pattern!r}:\n{self.tail()}")
+
+    def finish(self, timeout: float) -> int:
+        rc = self.p.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return rc
+
+    def tail(self, n: int = 30) -> str:
+        return "".join(self.lines[-n:])
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def learner(run_dir: Path, model_dir: Path, *overrides: str) -> Proc:
+    args = ["-m", "learner", "-c", str(PRESET), f"run_dir={run_dir}", f"model.path={model_dir}",
+            *overrides]
+    return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log")
+
+
+def actor(run_dir: Path, actor_id: str, *overrides: str) -> Proc:
+    args = ["-m", "actors", "-c", str(run_dir / "config.yaml"), "--actor-id", actor_id,
+            str(run_dir / "endpoints.json"), *overrides]
+    return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log")
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

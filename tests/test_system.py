@@ -1,0 +1,118 @@
+"""Learner and actors as separate processes over real ZeroMQ sockets on loopback."""
+
+from __future__ import annotations
+
+import glob
+import re
+
+import numpy as np
+import pytest
+import zmq
+
+import procs
+from transport import messages as m
+
+
+def _check_accounting(s: dict) -> None:
+    g = s["groups"]
+    assert s["accounting_ok"]
+    assert g["granted"] == g["consumed"] + sum(g["dropped"].values()) + g["outstanding"] + g["in_buffer"]
+
+
+def test_learner_with_two_local_actors_trains_and_accounts(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=8", "learner.log_every=1",
+                       "max_staleness=1")
+    assert lp.finish(timeout=240) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["steps"] == 8
+    _check_accounting(s)
+    assert s["groups"]["consumed"] == 8 * 16
+    assert s["rejected_messages"] == {}  # every trajectory used weights >= its lease's min_version
+    rows = procs.metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert all(r["staleness_max"] <= 1 for r in rows)
+    assert any(r["staleness_max"] == 1 for r in rows)  # the actors really ran ahead
+    # Both actors took part, and each loaded a run of successive versions.
+    for log in sorted(glob.glob(str(run / "logs" / "actor-*.log"))):
+        text = open(log).read()
+        versions = [int(v) for v in re.findall(r"loaded weights v(\d+)", text)]
+        assert versions and versions == sorted(versions) and versions[-1] >= 6, text[-2000:]
+        assert "groups generated" in text
+    assert (run / "final_model" / "model.safetensors").exists()
+    assert (run / "config.yaml").exists() and (run / "endpoints.json").exists()
+
+
+def test_separate_actor_killed_and_restarted_rejoins(tmp_path, tiny_model_dir):
+    """Learner and actor started as separate commands; SIGKILL the actor, start it again."""
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", "learner.max_steps=12",
+                       "learner.log_every=1", "transport.heartbeat_s=0.25",
+                       "transport.peer_timeout_s=2", "max_staleness=1")
+    a = a2 = None
+    try:
+        lp.wait_for(r"learner listening", timeout=120)
+        a = procs.actor(run, "node-b")
+        lp.wait_for(r"step 4/12", timeout=180)
+        a.kill()  # SIGKILL mid-run: the learner must notice, expire its leases, and wait
+        lp.wait_for(r"actor node-b silent .* declared dead", timeout=60)
+        lp.wait_for(r"waiting for trajectories: .* actors connected 0", timeout=60)
+        a2 = procs.actor(run, "node-b")
+        got = int(a2.wait_for(r"loaded weights v(\d+)", timeout=120).group(1))
+        assert got >= 4  # the restarted actor starts from the current version, not v0
+        assert lp.finish(timeout=300) == 0, lp.tail()
+        assert a2.finish(timeout=60) == 0
+    finally:
+        for p in (a, a2, lp):
+            if p is not None:
+                p.kill()
+    s = procs.summary(run)
+    assert s["steps"] == 12
+    _check_accounting(s)
+    assert s["groups"]["dropped"].get("expired", 0) >= 1
+    assert "groups generated" in a2.tail()
+
+
+def test_random_bytes_on_every_socket_are_counted_and_training_goes_on(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=15", "learner.log_every=1")
+    lp.wait_for(r"step 2/15", timeout=180)
+    eps = procs.json.loads((run / "endpoints.json").read_text())
+    rng = np.random.default_rng(0)
+    ctx = zmq.Context()
+    socks = []
+    for kind, name in ((zmq.DEALER, "control"), (zmq.PUSH, "trajectory"), (zmq.DEALER, "weights")):
+        s = ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 1000)
+        s.connect(eps[name])
+        socks.append(s)
+        for i in range(300):
+            s.send(rng.bytes(int(rng.integers(0, 200))))
+    # valid msgpack of the wrong type, and a wrong protocol version
+    socks[0].send(m.encoder().encode(m.Hello(protocol_version=99, actor_id="x", engine="hf")))
+    assert socks[0].poll(10_000)
+    replies = []
+    while socks[0].poll(2000):
+        replies.append(m.Decoders().to_actor.decode(socks[0].recv()))
+    assert any(isinstance(r, m.Reject) and "v99" in r.reason and f"v{m.PROTOCOL_VERSION}" in r.reason
+               for r in replies)
+    for s in socks:
+        s.close()
+    ctx.term()
+    assert lp.finish(timeout=300) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["steps"] == 15
+    _check_accounting(s)
+    rej = s["rejected_messages"]
+    assert rej.get("malformed", 0) >= 600 and rej.get("protocol_version") == 1
+
+
+@pytest.mark.slow
+def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0")
+    assert lp.finish(timeout=900) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["eval_reward_start"] <= 0.45
+    assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
+    _check_accounting(s)
