@@ -6,7 +6,12 @@ high-water marks). The trainer thread calls `take`, which blocks until enough fr
 there or the timeout passes. One condition variable guards all state.
 
 Staleness rule (the one place it is enforced at consumption): a group may be trained on at
-version `v` only if `v - group.min_version <= max_staleness`; older groups are dropped and counted.
+version `v` only if `v - group.min_version <= max_staleness`; older groups leave the buffer and
+are counted: as dropped (stale) if never trained on, as consumed otherwise.
+
+Replay: with `max_reuse` > 1 a group stays in the buffer until it was served that many times
+(or went stale); `sampling` picks which fresh groups a batch gets: `fifo` (oldest first),
+`newest`, or `uniform` (seeded). A batch never holds the same group twice.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class TrajGroup:
     versions: list[np.ndarray]
     loss_masks: list[np.ndarray]
     rewards: np.ndarray
+    uses: int = 0
+    """How many batches this group has been served in."""
 
     @property
     def min_version(self) -> int:
@@ -57,15 +64,27 @@ class TrajGroup:
         return sum(int(c.size) for c in self.completions)
 
 
+SAMPLING = ("fifo", "newest", "uniform")
+
+
 class ReplayBuffer:
-    def __init__(self, capacity: int, max_staleness: int) -> None:
+    def __init__(self, capacity: int, max_staleness: int, max_reuse: int = 1,
+                 sampling: str = "fifo", seed: int = 0) -> None:
+        if sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
         self.capacity = capacity
         self.max_staleness = max_staleness
+        self.max_reuse = max_reuse
+        self.sampling = sampling
+        self._rng = np.random.default_rng(seed)
         self._groups: deque[TrajGroup] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self.received = 0
         self.consumed = 0
+        """Groups trained on at least once that have left the buffer."""
+        self.served = 0
+        """Group-servings in batches (> consumed when groups are reused)."""
         self.dropped: Counter[str] = Counter()
 
     def has_room(self) -> bool:
@@ -86,7 +105,7 @@ class ReplayBuffer:
             self._cond.notify_all()
 
     def take(self, n: int, version: int, timeout: float) -> list[TrajGroup] | None:
-        """Remove and return `n` groups fresh enough for `version` (FIFO), sorted by lease id.
+        """Return `n` distinct groups fresh enough for `version`, sorted by lease id.
 
         Drops (and counts) stale groups it meets. Blocks until `n` fresh groups are present;
         returns None if `timeout` seconds pass first or the buffer is closed."""
@@ -95,17 +114,33 @@ class ReplayBuffer:
                                      timeout=timeout)
             if not ok or self._closed:
                 return None
-            batch = [self._groups.popleft() for _ in range(n)]
-            self.consumed += n
+            batch = [self._groups[i] for i in self._pick(n)]
+            for g in batch:
+                g.uses += 1
+                if g.uses >= self.max_reuse:
+                    self._groups.remove(g)
+                    self.consumed += 1
+            self.served += n
             self._cond.notify_all()
         return sorted(batch, key=lambda g: g.lease_id)
 
+    def _pick(self, n: int) -> list[int]:
+        size = len(self._groups)
+        if self.sampling == "fifo":
+            return list(range(n))
+        if self.sampling == "newest":
+            return list(range(size - n, size))
+        return sorted(self._rng.choice(size, size=n, replace=False).tolist())
+
     def _count_fresh(self, version: int) -> int:
-        """Drop (and count) every group too stale for `version`; return how many remain."""
+        """Remove every group too stale for `version` (counted); return how many remain."""
         stale = [g for g in self._groups if version - g.min_version > self.max_staleness]
         for g in stale:
             self._groups.remove(g)
-            self.dropped[DropReason.STALE.value] += 1
+            if g.uses:
+                self.consumed += 1
+            else:
+                self.dropped[DropReason.STALE.value] += 1
         return len(self._groups)
 
     def close(self) -> None:
@@ -116,6 +151,6 @@ class ReplayBuffer:
 
     def counts(self) -> dict:
         with self._cond:
-            return {"received": self.received, "consumed": self.consumed,
+            return {"received": self.received, "consumed": self.consumed, "served": self.served,
                     "dropped": dict(self.dropped), "size": len(self._groups),
                     "capacity": self.capacity}

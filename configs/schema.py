@@ -105,6 +105,10 @@ class ActorsConfig:
 class BufferConfig:
     capacity_groups: int = 64
     """Most complete groups the buffer holds; when full the learner stops reading trajectories."""
+    max_reuse: int = 1
+    """Batches a group may be served in (1 = use once); reuse is still bound by max_staleness."""
+    sampling: str = "fifo"
+    """Which fresh groups a batch gets: fifo (oldest first) | newest | uniform (seeded)."""
 
 
 @dataclass
@@ -158,6 +162,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
     "actors.engine": ("hf",),
+    "buffer.sampling": ("fifo", "newest", "uniform"),
     "actors.agent": ("single_turn",),
 }
 """Allowed values of the string fields that name a choice."""
@@ -193,6 +198,7 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
+    need(cfg.buffer.max_reuse >= 1, "buffer.max_reuse", ">= 1", cfg.buffer.max_reuse)
     need(cfg.task.num_digits >= 1, "task.num_digits", ">= 1", cfg.task.num_digits)
     need(cfg.task.eval_prompts >= 1, "task.eval_prompts", ">= 1", cfg.task.eval_prompts)
     need(cfg.task.max_new_tokens >= 1, "task.max_new_tokens", ">= 1", cfg.task.max_new_tokens)

@@ -56,7 +56,8 @@ def run(cfg: TetherConfig) -> dict:
     backend = SingleProcessBackend(model_dir, cfg.learner.lr, cfg.learner.weight_decay,
                                    cfg.learner.seed)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
-    buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness)
+    buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness, cfg.buffer.max_reuse,
+                          cfg.buffer.sampling, seed=cfg.learner.seed)
     leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
                         cfg.max_staleness)
     version = 0
@@ -179,6 +180,7 @@ def _restore(backend, leases: LeaseTable, buffer: ReplayBuffer, path: Path) -> i
     leases.load_state(state["leases"])
     b = state["buffer"]
     buffer.consumed = b["consumed"]
+    buffer.served = b.get("served", b["consumed"])
     buffer.received = b["received"]
     buffer.dropped.update(b["dropped"])
     # Groups that sat in the buffer at the checkpoint are gone with the old process.

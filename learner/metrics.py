@@ -28,6 +28,7 @@ class MetricsLog:
                "train_s": now - step_t0, "tokens_per_s": m["tokens"] / max(now - self.last_t, 1e-9),
                "buffer_size": buffer["size"], "buffer_capacity": buffer["capacity"],
                "dropped_stale": buffer["dropped"].get("stale", 0),
+               "dropped_stale_frac": buffer["dropped"].get("stale", 0) / max(buffer["received"], 1),
                "actors_connected": server["actors_connected"],
                "leases_outstanding": server["leases"]["outstanding"]}
         self.last_t = now

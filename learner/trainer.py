@@ -47,6 +47,7 @@ class Trainer:
         metrics["reward_mean"] = float(rewards.mean())
         metrics["reward_std"] = float(rewards.std())
         metrics["tokens"] = float(sum(g.num_tokens for g in groups))
+        metrics["reused_frac"] = float(np.mean([g.uses > 1 for g in groups]))
         return metrics
 
     def _minibatch(self, mb: TokenBatch, prox: torch.Tensor, version: int) -> dict[str, float]:

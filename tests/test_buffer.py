@@ -104,3 +104,38 @@ def test_lease_state_round_trip_expires_outstanding():
     fresh.load_state(table.state())
     assert fresh.cursor == 4 and fresh.dropped["expired"] == 3
     assert [r.prompt.prompt_id for r in fresh.grant("b", 3, 0, 0)] == [1, 2, 3]
+
+
+def test_reuse_serves_a_group_max_reuse_times_then_consumes_it():
+    buf = ReplayBuffer(capacity=8, max_staleness=3, max_reuse=2)
+    for i in range(2):
+        buf.put(make_group(i, 0))
+    first = buf.take(2, version=0, timeout=1)
+    second = buf.take(2, version=1, timeout=1)
+    assert [g.lease_id for g in first] == [g.lease_id for g in second] == [0, 1]
+    assert [g.uses for g in second] == [2, 2]
+    c = buf.counts()
+    assert c["consumed"] == 2 and c["served"] == 4 and c["size"] == 0 and c["dropped"] == {}
+
+
+def test_reused_group_going_stale_counts_as_consumed_not_dropped():
+    buf = ReplayBuffer(capacity=8, max_staleness=1, max_reuse=5)
+    buf.put(make_group(0, 0))
+    buf.take(1, version=0, timeout=1)
+    assert buf.take(1, version=2, timeout=0.05) is None  # too stale now: leaves the buffer
+    assert buf.counts()["consumed"] == 1 and buf.counts()["dropped"] == {}
+
+
+def test_sampling_newest_and_uniform():
+    newest = ReplayBuffer(capacity=8, max_staleness=9, sampling="newest")
+    uniform = ReplayBuffer(capacity=8, max_staleness=9, sampling="uniform", seed=3)
+    for i in range(6):
+        newest.put(make_group(i, 0))
+        uniform.put(make_group(i, 0))
+    assert [g.lease_id for g in newest.take(2, 0, 1)] == [4, 5]
+    picked = [g.lease_id for g in uniform.take(3, 0, 1)]
+    assert len(set(picked)) == 3 and picked != [0, 1, 2]
+    again = ReplayBuffer(capacity=8, max_staleness=9, sampling="uniform", seed=3)
+    for i in range(6):
+        again.put(make_group(i, 0))
+    assert [g.lease_id for g in again.take(3, 0, 1)] == picked  # seeded
