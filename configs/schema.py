@@ -19,7 +19,7 @@ class ModelConfig:
     """HF-format model directory (config, tokenizer, safetensors) the learner starts from."""
     build_tiny: bool = True
     """If `path` does not exist, build the tiny Qwen2 model + tokenizer there (no hub needed)."""
-    warmstart_steps: int = 20
+    warmstart_steps: int = 30
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""

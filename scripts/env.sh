@@ -10,9 +10,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.tether-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# pip's machine-wide config may name absent local indexes; drop that noise, keep pip's status.
+pip_quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "[env] installing tether and its dependencies (CPU torch 2.13.0) ..." >&2
-  .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e ".[test]" >&2
+  pip_quiet .venv/bin/python -m pip install -q -e ".[test,tools]" >&2
   echo "$want" > "$stamp"
 fi
