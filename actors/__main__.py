@@ -27,6 +27,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="unique name of this actor (default: host-pid)")
     p.add_argument("--cache-dir", default=None,
                    help="where the learner's model files are written (default: RUN_DIR/actor_cache)")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="exit when the parent process dies (used for the learner's local actors)")
     p.add_argument("args", nargs="*", help="LEARNER address and key=value overrides")
     return p.parse_args(argv)
 
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s actor[{ns.actor_id}] %(levelname)s %(message)s")
     cache = Path(ns.cache_dir) if ns.cache_dir else Path(cfg.run_dir) / "actor_cache"
-    actor = Actor(cfg, endpoint, ns.actor_id, cache)
+    actor = Actor(cfg, endpoint, ns.actor_id, cache,
+                  parent_pid=os.getppid() if ns.exit_with_parent else None)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -42,8 +43,11 @@ class Rejected(Exception):
 
 
 class Actor:
-    def __init__(self, cfg: TetherConfig, control_endpoint: str, actor_id: str, cache_dir: Path) -> None:
+    def __init__(self, cfg: TetherConfig, control_endpoint: str, actor_id: str, cache_dir: Path,
+                 parent_pid: int | None = None) -> None:
         self.cfg = cfg
+        self.parent_pid = parent_pid
+        """If set, the actor stops when this process is no longer its parent (no orphans)."""
         self.control_endpoint = control_endpoint
         self.actor_id = actor_id
         self.cache_dir = cache_dir
@@ -122,6 +126,8 @@ class Actor:
                         log.info("learner is shutting down: %s", reason)
                         self.stopped.set()
                         raise LearnerLost("learner shut down before welcome")
+            if self._parent_gone():
+                raise LearnerLost("parent process gone")
             log.info("no answer from learner at %s after %.0fs; saying hello again",
                      self.control_endpoint, timeout)
 
@@ -173,6 +179,8 @@ class Actor:
                 actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
                 leases_held=0)))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
+            if self._parent_gone():
+                return
             silent = time.monotonic() - self.last_heard
             if silent > welcome.peer_timeout_s:
                 raise LearnerLost(f"learner silent for {silent:.1f}s")
@@ -228,6 +236,13 @@ class Actor:
         return m.GroupResult(lease_id=lease.lease_id, actor_id=self.actor_id,
                              prompt_id=lease.prompt_id,
                              samples=[_sample(i, r) for i, r in enumerate(rollouts)])
+
+    def _parent_gone(self) -> bool:
+        if self.parent_pid is None or os.getppid() == self.parent_pid:
+            return False
+        log.warning("parent process %d is gone: stopping", self.parent_pid)
+        self.stopped.set()
+        return True
 
     async def _send_goodbye(self) -> None:
         await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,10 @@ WAIT_LOG_S = 5.0
 
 
 def run(cfg: TetherConfig) -> dict:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
     torch.set_num_threads(1)
     t0 = time.monotonic()
     run_dir = Path(cfg.run_dir)
@@ -98,7 +103,8 @@ def run(cfg: TetherConfig) -> dict:
         server.stop(reason)
         buffer.close()
         _reap(actors)
-    _save_checkpoint(backend, server, run_dir, version)
+    if not (run_dir / "checkpoints" / f"step_{version}").exists():
+        _save_checkpoint(backend, server, run_dir, version)
     eval_engine.load_weights(backend.state_dict(), version)
     eval_end = evaluate(eval_engine, task, cfg)
     backend.export_hf(run_dir / "final_model")
@@ -111,6 +117,10 @@ def run(cfg: TetherConfig) -> dict:
     return summary
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _spawn_local_actors(cfg: TetherConfig, endpoint: str, run_dir: Path) -> list[subprocess.Popen]:
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -119,7 +129,8 @@ def _spawn_local_actors(cfg: TetherConfig, endpoint: str, run_dir: Path) -> list
         out = open(logs / f"actor-{i}.log", "ab")
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
-             "--actor-id", f"local-{i}", endpoint], stdout=out, stderr=subprocess.STDOUT))
+             "--actor-id", f"local-{i}", "--exit-with-parent", endpoint],
+            stdout=out, stderr=subprocess.STDOUT))
         out.close()
     if procs:
         log.info("started %d local actor(s); logs in %s", len(procs), logs)

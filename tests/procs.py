@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import select
 import threading
 from pathlib import Path
 
@@ -84,3 +85,15 @@ def summary(run_dir: Path) -> dict:
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_pid_exit(pid: int, timeout: float) -> bool:
+    """Block until process `pid` (any process, not only a child) has exited."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)

@@ -116,3 +116,44 @@ def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
     assert s["eval_reward_start"] <= 0.45
     assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
     _check_accounting(s)
+
+
+def test_checkpoint_then_resume_continues_the_run(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    first = procs.learner(run, tiny_model_dir, "learner.max_steps=4", "learner.checkpoint_every=2",
+                          "learner.prompts_per_step=8")
+    assert first.finish(timeout=240) == 0, first.tail()
+    s1 = procs.summary(run)
+    second = procs.learner(run, tiny_model_dir, "learner.max_steps=8", "learner.resume=true",
+                           "learner.prompts_per_step=8")
+    second.wait_for(r"resumed from .*step_4 at v4", timeout=120)
+    assert second.finish(timeout=240) == 0, second.tail()
+    s2 = procs.summary(run)
+    assert s2["steps"] == 8
+    _check_accounting(s2)
+    assert s2["groups"]["granted"] > s1["groups"]["granted"]
+    assert [r["step"] for r in procs.metrics(run)] == list(range(1, 9))  # appended, not restarted
+    # what was in flight when the first run ended is accounted for, not lost silently
+    assert s2["groups"]["consumed"] == 8 * 8
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_learner_stop_leaves_no_orphan_actors(tmp_path, tiny_model_dir, sig):
+    """SIGTERM: checkpoint + clean stop. SIGKILL: local actors notice their parent is gone."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=100000", "learner.log_every=1",
+                       "transport.heartbeat_s=0.2", "transport.peer_timeout_s=1")
+    lp.wait_for(r"step 3/", timeout=180)
+    actor_pids = [int(p) for p in os.popen(f"pgrep -P {lp.p.pid} -f 'actors'").read().split()]
+    assert len(actor_pids) == 2
+    lp.p.send_signal(getattr(signal, sig))
+    lp.finish(timeout=120)
+    for pid in actor_pids:  # each actor must exit by itself: wait on a pidfd (not our child)
+        assert procs.wait_pid_exit(pid, timeout=60), f"actor {pid} still running after {sig}"
+    if sig == "SIGTERM":
+        s = procs.summary(run)
+        assert s["end_reason"] == "interrupted"
+        assert (run / "checkpoints" / f"step_{s['steps']}").exists()
