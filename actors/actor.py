@@ -15,6 +15,7 @@ and the actor reconnects (Hello again) until the learner is back or sends Shutdo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -29,7 +30,6 @@ from actors.client import EngineClient
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport.sockets import configure
-from transport.weights import unpack
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +133,22 @@ class Actor:
 
     def _build(self, welcome: m.Welcome) -> tuple[EngineClient, Agent]:
         """Write the learner's model files locally and build engine, task and agent."""
-        import torch
-
-        torch.set_num_threads(1)
         model_dir = self.cache_dir / welcome.run_id
         model_dir.mkdir(parents=True, exist_ok=True)
         for name, data in welcome.model_files.items():
             if Path(name).name != name or name.startswith("."):
                 raise Rejected(f"learner sent a model file with an unsafe name: {name!r}")
             (model_dir / name).write_bytes(data)
+        A = self.cfg.actors
+        if A.engine == "simulated":
+            from actors.sim_engine import SimulatedEngine
+
+            vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
+            engine = SimulatedEngine(vocab, A.sim_latency_mean_s, A.sim_latency_sigma)
+            return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
+        import torch
+
+        torch.set_num_threads(1)
         from transformers import AutoTokenizer
 
         from actors.hf_engine import HFEngine
@@ -221,8 +228,7 @@ class Actor:
                     and header.version == manifest.version):
                 raise LearnerLost(f"weight bucket {i} of v{manifest.version} out of order")
             buckets.append(data.buffer)
-        state = unpack(manifest, buckets)
-        await self.client.load_weights(state, manifest.version)
+        await self.client.load_packed(manifest, buckets)
         log.info("loaded weights v%d (%.2f MB)", manifest.version, manifest.total_bytes / 1e6)
 
     async def _run_lease(self, lease: m.Lease) -> m.GroupResult:

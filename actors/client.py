@@ -52,7 +52,7 @@ class EngineClient:
             for (_, fut), res in zip(batch, results):
                 fut.set_result(res)
 
-    async def load_weights(self, state: dict, version: int) -> None:
+    async def load_packed(self, manifest, buckets: list) -> None:
         """Load new weights once the running batch (if any) has finished."""
         async with self._lock:
-            await asyncio.to_thread(self.engine.load_weights, state, version)
+            await asyncio.to_thread(self.engine.load_packed, manifest, buckets)

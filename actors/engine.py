@@ -37,7 +37,8 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenerateRequest]) -> list[Completion]: ...
 
-    def load_weights(self, state: dict, version: int) -> None: ...
+    def load_packed(self, manifest, buckets: list) -> None:
+        """Load weight version `manifest.version` from its raw buckets (transport/weights.py)."""
 
 
 def sample_seed(seed: int, prompt_id: int, sample_index: int, turn: int = 0) -> int:

@@ -34,6 +34,12 @@ class HFEngine:
         self.version = -1
         self._lock = threading.Lock()
 
+    def load_packed(self, manifest, buckets: list) -> None:
+        """Load a version received over the weights channel (manifest + raw buckets)."""
+        from transport.weights import unpack
+
+        self.load_weights(unpack(manifest, buckets), manifest.version)
+
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)

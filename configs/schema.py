@@ -94,11 +94,15 @@ class ActorsConfig:
     num_local: int = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
     engine: str = "hf"
-    """Rollout engine: hf (transformers, CPU fallback)."""
+    """Rollout engine: hf (transformers, CPU fallback) | simulated (no model; load tests, benchmarks)."""
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
     """Agent that turns a leased task into a trajectory using the engine client."""
+    sim_latency_mean_s: float = 0.0
+    """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
+    sim_latency_sigma: float = 0.0
+    """simulated engine: lognormal sigma of the request latency (0 = constant)."""
 
 
 @dataclass
@@ -161,7 +165,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
-    "actors.engine": ("hf",),
+    "actors.engine": ("hf", "simulated"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
     "actors.agent": ("single_turn",),
 }
@@ -195,6 +199,8 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.checkpoint_every >= 0, "learner.checkpoint_every", ">= 0", L.checkpoint_every)
     need(L.log_every >= 1, "learner.log_every", ">= 1", L.log_every)
     need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)
+    need(A.sim_latency_mean_s >= 0, "actors.sim_latency_mean_s", ">= 0", A.sim_latency_mean_s)
+    need(A.sim_latency_sigma >= 0, "actors.sim_latency_sigma", ">= 0", A.sim_latency_sigma)
     need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)

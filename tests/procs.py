@@ -23,6 +23,7 @@ class Proc:
         self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.lines: list[str] = []
+        self.eof = False
         self.cond = threading.Condition()
         self.log = open(log_path, "w")
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -36,6 +37,7 @@ class Proc:
                 self.lines.append(line)
                 self.cond.notify_all()
         with self.cond:
+            self.eof = True
             self.cond.notify_all()
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
@@ -48,7 +50,7 @@ class Proc:
                     if mt := rx.search(line):
                         return mt
                 seen = len(self.lines)
-                if self.p.poll() is not None and not self.reader.is_alive():
+                if self.eof:
                     raise AssertionError(f"process ended before {pattern!r}:\n{self.tail()}")
                 if not self.cond.wait(timeout=timeout):
                     raise AssertionError(f"timed out waiting for {pattern!r}:\n{self.tail()}")

@@ -52,11 +52,15 @@ class Array(msgspec.Struct, frozen=True):
 # ---------------------------------------------------------------- control: actor -> learner
 
 class Hello(msgspec.Struct, tag="hello"):
-    """Actor -> learner, first message on the control socket."""
+    """Actor -> learner, first message on the control socket (and again after a reconnect).
+
+    `incarnation` is random per actor process: a Hello with a known actor_id but a new
+    incarnation is a restarted actor, whose predecessor's leases expire at once."""
 
     protocol_version: int
     actor_id: str
     engine: str
+    incarnation: str = ""
 
 
 class WorkRequest(msgspec.Struct, tag="work"):
