@@ -29,6 +29,7 @@ from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent
 from actors.client import EngineClient
 from configs.schema import TetherConfig
 from transport import messages as m
+from transport import security
 from transport.sockets import configure
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Actor:
     async def _session(self) -> None:
         t = self.cfg.transport
         control = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
+        security.make_client(control, t)
         control.connect(self.control_endpoint)
         self.control = control
         welcome = await self._handshake()
@@ -86,9 +88,11 @@ class Actor:
         self.last_heard = time.monotonic()
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
         self.trajectory = configure(self.ctx.socket(zmq.PUSH), t, limit_size=False)
+        security.make_client(self.trajectory, t)
         self.trajectory.connect(welcome.trajectory_endpoint)
         self.weights = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
         self.weights.setsockopt(zmq.RCVHWM, 0)
+        security.make_client(self.weights, t)
         self.weights.connect(welcome.weights_endpoint)
         tasks = [asyncio.create_task(c) for c in
                  (self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome))]

@@ -11,6 +11,7 @@ help before any heavy import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -137,6 +138,14 @@ class TransportConfig:
     """ZMQ send/receive high-water mark (messages) on every socket."""
     weight_bucket_bytes: int = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
+    curve_server_secret: str = ""
+    """Learner: its CURVE secret key file (from tether-keys); set to turn on CURVE."""
+    curve_allowed_dir: str = ""
+    """Learner: directory of the actors' public key files that may connect."""
+    curve_client_secret: str = ""
+    """Actor: its own CURVE secret key file."""
+    curve_server_public: str = ""
+    """Actor: the learner's public key file."""
 
 
 @dataclass
@@ -220,6 +229,13 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(T.high_water_mark >= 1, "transport.high_water_mark", ">= 1", T.high_water_mark)
     need(T.weight_bucket_bytes >= 1024, "transport.weight_bucket_bytes", ">= 1024",
          T.weight_bucket_bytes)
+    need(bool(T.curve_server_secret) == bool(T.curve_allowed_dir), "transport.curve_allowed_dir",
+         "set together with transport.curve_server_secret", T.curve_allowed_dir)
+    need(bool(T.curve_client_secret) == bool(T.curve_server_public), "transport.curve_server_public",
+         "set together with transport.curve_client_secret", T.curve_server_public)
+    for key in ("curve_server_secret", "curve_allowed_dir", "curve_client_secret", "curve_server_public"):
+        path = getattr(T, key)
+        need(not path or Path(path).exists(), f"transport.{key}", "an existing path", path)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors

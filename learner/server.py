@@ -35,6 +35,7 @@ from configs.schema import TetherConfig
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
+from transport import security
 from transport.sockets import bind, configure
 from transport.weights import PackedWeights
 
@@ -80,10 +81,13 @@ class LearnerServer(threading.Thread):
     # ------------------------------------------------------------ setup
     def _bind_sockets(self) -> None:
         t = self.tcfg
+        self._auth = security.start_authenticator(self._ctx, t)
         self.control = configure(self._ctx.socket(zmq.ROUTER), t, limit_size=True)
         self.trajectory = configure(self._ctx.socket(zmq.PULL), t, limit_size=True)
         self.weights = configure(self._ctx.socket(zmq.ROUTER), t, limit_size=True)
         self.weights.setsockopt(zmq.SNDHWM, 0)
+        for sock in (self.control, self.trajectory, self.weights):
+            security.make_server(sock, t)
         ports = (bind(self.control, t.host, t.control_port),
                  bind(self.trajectory, t.host, t.trajectory_port),
                  bind(self.weights, t.host, t.weights_port))
@@ -110,6 +114,8 @@ class LearnerServer(threading.Thread):
         self._command(("stop", reason))
         self.join()
         self._wake_tx.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
 
     def _command(self, cmd: tuple) -> None:
