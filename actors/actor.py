@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +34,6 @@ from transport import security
 from transport.sockets import configure
 
 log = logging.getLogger(__name__)
-
-
-class LearnerLost(Exception):
-    """The learner stopped answering; the actor reconnects."""
 
 
 class Rejected(Exception):
@@ -61,79 +58,89 @@ class Actor:
         self.groups_done = 0
 
     async def run(self) -> int:
-        """Run sessions until the learner says Shutdown; returns the process exit code."""
+        """Work until the learner says Shutdown (or a signal sets `stopped`); returns the exit code.
+
+        Sockets live as long as the actor: if the learner dies and comes back on the same
+        endpoints (a resume), ZeroMQ reconnects them, queued trajectories are delivered, and the
+        actor simply says Hello again. Work in progress is never thrown away."""
+        t = self.cfg.transport
+        self.control = self._socket(zmq.DEALER, t)
+        self.control.connect(self.control_endpoint)
+        self.incarnation = uuid.uuid4().hex
+        self.joined = asyncio.Event()
+        """Set while the learner knows us (between a Welcome and a detected loss)."""
+        self.rejoined = asyncio.Event()
+        self.latest_version = -1
+        self.last_heard = time.monotonic()
+        self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
+        tasks: list[asyncio.Task] = []
         try:
-            while not self.stopped.is_set():
-                try:
-                    await self._session()
-                except LearnerLost as e:
-                    log.warning("%s; reconnecting", e)
+            welcome = await self._first_join()
+            self.trajectory = self._socket(zmq.PUSH, t)
+            self.trajectory.connect(welcome.trajectory_endpoint)
+            self.weights = self._socket(zmq.DEALER, t)
+            self.weights.setsockopt(zmq.RCVHWM, 0)
+            self.weights.connect(welcome.weights_endpoint)
+            tasks = [asyncio.create_task(c) for c in (
+                self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome),
+                self.stopped.wait())]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise Rejected / bugs
             log.info("actor %s done: %d groups generated", self.actor_id, self.groups_done)
             return 0
         except Rejected as e:
             log.error("learner rejected actor %s: %s", self.actor_id, e)
             return 3
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)
             self.ctx.destroy(linger=0)
 
-    # ------------------------------------------------------------ one connection to a learner
-    async def _session(self) -> None:
-        t = self.cfg.transport
-        control = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
-        security.make_client(control, t)
-        control.connect(self.control_endpoint)
-        self.control = control
-        welcome = await self._handshake()
-        self.latest_version = welcome.latest_version
-        self.last_heard = time.monotonic()
-        self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
-        self.trajectory = configure(self.ctx.socket(zmq.PUSH), t, limit_size=False)
-        security.make_client(self.trajectory, t)
-        self.trajectory.connect(welcome.trajectory_endpoint)
-        self.weights = configure(self.ctx.socket(zmq.DEALER), t, limit_size=False)
-        self.weights.setsockopt(zmq.RCVHWM, 0)
-        security.make_client(self.weights, t)
-        self.weights.connect(welcome.weights_endpoint)
-        tasks = [asyncio.create_task(c) for c in
-                 (self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome))]
-        stop_wait = asyncio.create_task(self.stopped.wait())
-        try:
-            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stop_wait:
-                    task.result()  # re-raise LearnerLost / Rejected / bugs
-        finally:
-            for task in [*tasks, stop_wait]:
-                task.cancel()
-            await asyncio.gather(*tasks, stop_wait, return_exceptions=True)
-            if self.stopped.is_set():
-                await self._send_goodbye()
-            for sock in (control, self.trajectory, self.weights):
-                sock.close(linger=0)
+    def _socket(self, kind: int, t) -> zmq.asyncio.Socket:
+        sock = configure(self.ctx.socket(kind), t, limit_size=False)
+        security.make_client(sock, t)
+        return sock
 
-    async def _handshake(self) -> m.Welcome:
-        hello = self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
-                                        engine=self.cfg.actors.engine))
+    def _hello(self) -> bytes:
+        return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
+                                       engine=self.cfg.actors.engine, incarnation=self.incarnation))
+
+    async def _first_join(self) -> m.Welcome:
+        """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
         timeout = self.cfg.transport.peer_timeout_s
         while True:
-            await self.control.send(hello)
+            await self.control.send(self._hello())
             if await self.control.poll(timeout * 1000):
                 msg = self.dec.to_actor.decode(await self.control.recv())
                 match msg:
                     case m.Welcome():
-                        log.info("joined learner run %s at %s (weights v%d)", msg.run_id,
-                                 self.control_endpoint, msg.latest_version)
+                        self._on_welcome(msg)
                         return msg
                     case m.Reject(reason=reason):
                         raise Rejected(reason)
-                    case m.Shutdown(reason=reason):
-                        log.info("learner is shutting down: %s", reason)
-                        self.stopped.set()
-                        raise LearnerLost("learner shut down before welcome")
             if self._parent_gone():
-                raise LearnerLost("parent process gone")
+                raise Rejected("parent process gone before the learner answered")
             log.info("no answer from learner at %s after %.0fs; saying hello again",
                      self.control_endpoint, timeout)
+
+    def _on_welcome(self, msg: m.Welcome) -> None:
+        log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
+                 msg.latest_version)
+        self.latest_version = max(self.latest_version, msg.latest_version)
+        self.last_heard = time.monotonic()
+        self.rejoined.set()  # wakes a work loop whose request the old learner took with it
+        self.rejoined = asyncio.Event()
+        self.joined.set()
+
+    async def _rejoin(self, why: str) -> None:
+        """The learner lost track of us (it restarted, or declared us dead): say Hello again."""
+        if self.joined.is_set():
+            log.warning("%s; joining again", why)
+            self.joined.clear()
+        await self.control.send(self._hello())
 
     def _build(self, welcome: m.Welcome) -> tuple[EngineClient, Agent]:
         """Write the learner's model files locally and build engine, task and agent."""
@@ -179,10 +186,10 @@ class Actor:
                     self.stopped.set()
                     return
                 case m.Reject(reason=reason):
-                    # e.g. a restarted learner that does not know us yet: join again
-                    raise LearnerLost(f"learner refused a message ({reason})")
+                    await self._rejoin(f"learner refused a message ({reason})")
                 case m.Welcome():
-                    pass  # answer to a repeated Hello
+                    if not self.joined.is_set():
+                        self._on_welcome(msg)
 
     async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
         while True:
@@ -194,43 +201,66 @@ class Actor:
                 return
             silent = time.monotonic() - self.last_heard
             if silent > welcome.peer_timeout_s:
-                raise LearnerLost(f"learner silent for {silent:.1f}s")
+                await self._rejoin(f"learner silent for {silent:.1f}s")
+                self.last_heard = time.monotonic()  # next Hello after another timeout
 
     async def _work_loop(self, welcome: m.Welcome) -> None:
         if self.client is None:  # heartbeats already run while the engine is built
             self.client, self.agent = await asyncio.to_thread(self._build, welcome)
-        await self._sync_weights()
         want = self.cfg.actors.groups_per_request
         while True:
+            await self.joined.wait()
             if self.latest_version > self.client.version:
                 await self._sync_weights()
+                continue
+            rejoined = self.rejoined
             await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
                                                                   max_groups=want)))
-            grant = await self.grants.get()
+            grant = await self._next_grant(rejoined)
+            if grant is None:
+                continue  # the learner restarted while our request was parked: ask again
             need = max(lease.min_version for lease in grant.leases)
             while self.client.version < need:
                 await self._sync_weights()
             results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
             for res in results:
-                await self.trajectory.send(self.enc.encode(res))
+                await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
                 self.groups_done += 1
 
+    async def _next_grant(self, rejoined: asyncio.Event) -> m.LeaseGrant | None:
+        """The grant answering our request, or None if we had to join again meanwhile."""
+        get = asyncio.create_task(self.grants.get())
+        again = asyncio.create_task(rejoined.wait())
+        done, _ = await asyncio.wait([get, again], return_when=asyncio.FIRST_COMPLETED)
+        again.cancel()
+        if get in done:
+            return get.result()
+        get.cancel()
+        return None
+
     async def _sync_weights(self) -> None:
-        """Pull the newest weights from the learner (no-op if we have them)."""
+        """Pull the newest weights from the learner (no-op if we have them). A reply that does
+        not come within peer_timeout_s (learner gone) is abandoned and asked for again."""
         await self.weights.send(self.enc.encode(m.WeightRequest(actor_id=self.actor_id,
                                                                 have_version=self.client.version)))
-        manifest = self.dec.weights.decode(await self.weights.recv())
-        if not isinstance(manifest, m.WeightManifest):
-            raise LearnerLost(f"expected a weight manifest, got {type(manifest).__name__}")
+        timeout_ms = self.cfg.transport.peer_timeout_s * 1000
+        while True:
+            if not await self.weights.poll(timeout_ms):
+                return
+            manifest = self.dec.weights.decode(await self.weights.recv())
+            if isinstance(manifest, m.WeightManifest):
+                break  # anything else is the tail of an abandoned reply
         if manifest.num_buckets == 0:
             return
         buckets = []
         for i in range(manifest.num_buckets):
+            if not await self.weights.poll(timeout_ms):
+                return
             header_raw, data = await self.weights.recv_multipart(copy=False)
             header = self.dec.weights.decode(header_raw.bytes)
             if not (isinstance(header, m.WeightBucket) and header.index == i
                     and header.version == manifest.version):
-                raise LearnerLost(f"weight bucket {i} of v{manifest.version} out of order")
+                return  # interleaved with an abandoned reply: ask again
             buckets.append(data.buffer)
         await self.client.load_packed(manifest, buckets)
         log.info("loaded weights v%d (%.2f MB)", manifest.version, manifest.total_bytes / 1e6)
@@ -254,8 +284,6 @@ class Actor:
         self.stopped.set()
         return True
 
-    async def _send_goodbye(self) -> None:
-        await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

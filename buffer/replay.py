@@ -143,6 +143,36 @@ class ReplayBuffer:
                 self.dropped[DropReason.STALE.value] += 1
         return len(self._groups)
 
+    def export(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """Counters, group metadata and arrays for a checkpoint (np.savez-able, no pickle)."""
+        with self._cond:
+            meta, arrays = [], {}
+            for i, g in enumerate(self._groups):
+                meta.append([g.lease_id, g.prompt_id, g.actor_id, g.uses, len(g.completions)])
+                arrays[f"g{i}_prompt"] = g.prompt_ids
+                arrays[f"g{i}_rewards"] = g.rewards
+                for j, (c, lp, v, lm) in enumerate(zip(g.completions, g.logprobs, g.versions,
+                                                       g.loss_masks)):
+                    for name, a in (("ids", c), ("lp", lp), ("ver", v), ("mask", lm)):
+                        arrays[f"g{i}_s{j}_{name}"] = a
+            return {**self.counts(), "groups": meta}, arrays
+
+    def restore(self, state: dict, arrays) -> None:
+        """Inverse of `export`: counters and the groups that were waiting, in order."""
+        with self._cond:
+            self.received, self.consumed = state["received"], state["consumed"]
+            self.served = state["served"]
+            self.dropped = Counter(state["dropped"])
+            for i, (lease_id, prompt_id, actor_id, uses, n) in enumerate(state["groups"]):
+                def col(name: str) -> list[np.ndarray]:
+                    return [arrays[f"g{i}_s{j}_{name}"] for j in range(n)]
+
+                self._groups.append(TrajGroup(
+                    lease_id=lease_id, prompt_id=prompt_id, actor_id=actor_id,
+                    prompt_ids=arrays[f"g{i}_prompt"], completions=col("ids"), logprobs=col("lp"),
+                    versions=col("ver"), loss_masks=col("mask"), rewards=arrays[f"g{i}_rewards"],
+                    uses=uses))
+
     def close(self) -> None:
         """Wake any blocked `take` so the trainer can shut down."""
         with self._cond:

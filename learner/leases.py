@@ -30,6 +30,7 @@ class LeaseRecord:
     lease_id: int
     prompt: Prompt
     actor_id: str
+    incarnation: str
     num_samples: int
     min_version: int
     granted_version: int
@@ -59,13 +60,15 @@ class LeaseTable:
         live = self.granted - sum(self.dropped.values()) - dropped_elsewhere
         return (self.max_staleness + version + 1) * self.prompts_per_step - live
 
-    def grant(self, actor_id: str, max_groups: int, version: int, dropped_elsewhere: int) -> list[LeaseRecord]:
+    def grant(self, actor_id: str, incarnation: str, max_groups: int, version: int,
+              dropped_elsewhere: int) -> list[LeaseRecord]:
         n = min(max_groups, self.capacity(version, dropped_elsewhere))
         out = []
         for _ in range(max(n, 0)):
             index = self.retry.popleft() if self.retry else self._next_cursor()
             rec = LeaseRecord(lease_id=self.next_lease_id, prompt=self.task.train_prompt(index),
-                              actor_id=actor_id, num_samples=self.group_size,
+                              actor_id=actor_id, incarnation=incarnation,
+                              num_samples=self.group_size,
                               min_version=version,
                               granted_version=version)
             self.next_lease_id += 1
@@ -93,15 +96,26 @@ class LeaseTable:
         self.outstanding.pop(rec.lease_id, None)
         self.dropped[reason.value] += 1
 
-    def expire_actor(self, actor_id: str) -> int:
-        """Expire every lease `actor_id` holds; their prompts are granted again. Returns the count."""
-        recs = [r for r in self.outstanding.values() if r.actor_id == actor_id]
+    def expire_actor(self, actor_id: str, keep_incarnation: str | None = None) -> int:
+        """Expire the leases `actor_id` holds (except those of `keep_incarnation`); their
+        prompts are granted again. Returns the count."""
+        recs = [r for r in self.outstanding.values() if r.actor_id == actor_id
+                and (keep_incarnation is None or r.incarnation != keep_incarnation)]
+        return self._expire(recs, f"actor {actor_id}")
+
+    def expire_unclaimed(self, registered: set[str], granted_before: float) -> int:
+        """Expire leases of actors that are not connected, granted (or restored) before the time."""
+        recs = [r for r in self.outstanding.values()
+                if r.actor_id not in registered and r.granted_at < granted_before]
+        return self._expire(recs, "unclaimed")
+
+    def _expire(self, recs: list[LeaseRecord], whose: str) -> int:
         for rec in recs:
             self.drop(rec, DropReason.EXPIRED)
             self.retry.append(rec.prompt.prompt_id)
         if recs:
-            log.warning("expired %d lease(s) of actor %s; their prompts will be granted again",
-                        len(recs), actor_id)
+            log.warning("expired %d lease(s) (%s); their prompts will be granted again",
+                        len(recs), whose)
         return len(recs)
 
     def state(self) -> dict:
@@ -109,18 +123,24 @@ class LeaseTable:
         return {"cursor": self.cursor, "next_lease_id": self.next_lease_id,
                 "granted": self.granted, "completed": self.completed,
                 "dropped": dict(self.dropped), "retry": list(self.retry),
-                "outstanding_prompts": [r.prompt.prompt_id for r in self.outstanding.values()]}
+                "outstanding": [[r.lease_id, r.prompt.prompt_id, r.actor_id, r.incarnation,
+                                 r.num_samples, r.min_version, r.granted_version]
+                                for r in self.outstanding.values()]}
 
     def load_state(self, state: dict) -> None:
-        """Restore from `state()`. Leases outstanding at the checkpoint died with the old
-        process: they count as expired and their prompts are granted again."""
+        """Restore from `state()`. Leases outstanding at the checkpoint stay outstanding: their
+        actors may still deliver (they reconnect on their own); unclaimed ones expire after
+        peer_timeout_s like any other (`expire_unclaimed`)."""
         self.cursor = state["cursor"]
         self.next_lease_id = state["next_lease_id"]
         self.granted = state["granted"]
         self.completed = state["completed"]
         self.dropped = Counter(state["dropped"])
-        self.retry = deque(state["retry"] + state["outstanding_prompts"])
-        self.dropped[DropReason.EXPIRED.value] += len(state["outstanding_prompts"])
+        self.retry = deque(state["retry"])
+        for lease_id, prompt_id, actor_id, inc, n, min_v, granted_v in state["outstanding"]:
+            self.outstanding[lease_id] = LeaseRecord(
+                lease_id=lease_id, prompt=self.task.train_prompt(prompt_id), actor_id=actor_id,
+                incarnation=inc, num_samples=n, min_version=min_v, granted_version=granted_v)
 
     def counts(self) -> dict:
         return {"granted": self.granted, "completed": self.completed,

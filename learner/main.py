@@ -19,9 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from buffer.replay import DropReason, ReplayBuffer
+from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
 from learner.backend import SingleProcessBackend
@@ -74,6 +75,8 @@ def run(cfg: TetherConfig) -> dict:
     eval_start = evaluate(eval_engine, task, cfg)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
+    if state is not None:
+        _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, backend.model.config.vocab_size, version)
     server.publish(version, pack(backend.state_dict(), version, cfg.transport.weight_bucket_bytes))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
@@ -173,10 +176,11 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
 
 def _save_checkpoint(backend, server: LearnerServer, run_dir: Path, version: int) -> None:
     snap = server.snapshot()
-    extra = {"version": version, **server.checkpoint_state()}
+    state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
     tmp = path.with_name(path.name + ".tmp")
-    backend.save_checkpoint(tmp, extra)
+    backend.save_checkpoint(tmp, {"version": version, **state})
+    np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
         import shutil
 
@@ -189,17 +193,24 @@ def _save_checkpoint(backend, server: LearnerServer, run_dir: Path, version: int
 def _restore(backend, leases: LeaseTable, buffer: ReplayBuffer, path: Path) -> int:
     state = backend.load_checkpoint(path)
     leases.load_state(state["leases"])
-    b = state["buffer"]
-    buffer.consumed = b["consumed"]
-    buffer.served = b.get("served", b["consumed"])
-    buffer.received = b["received"]
-    buffer.dropped.update(b["dropped"])
-    # Groups that sat in the buffer at the checkpoint are gone with the old process.
-    lost = b["size"]
-    if lost:
-        buffer.dropped[DropReason.EXPIRED.value] += lost
-    log.info("resumed from %s at v%d (prompt cursor %d)", path, state["version"], leases.cursor)
+    with np.load(path / "buffer.npz", allow_pickle=False) as arrays:
+        buffer.restore(state["buffer"], arrays)
+    log.info("resumed from %s at v%d (prompt cursor %d, %d leases outstanding, %d groups "
+             "buffered)", path, state["version"], leases.cursor, len(leases.outstanding), len(buffer))
     return int(state["version"])
+
+
+def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
+    """On resume, bind the ports of the previous run (where the config says "any free port"),
+    so running actors reconnect to the new process by themselves."""
+    old = run_dir / "endpoints.json"
+    if not old.exists():
+        return
+    eps = json.loads(old.read_text())
+    t = cfg.transport
+    for name in ("control", "trajectory", "weights"):
+        if getattr(t, f"{name}_port") == 0:
+            setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
 def _summary(cfg, eval_start, eval_end, version, wall, server, buffer, metrics, reason) -> dict:

@@ -49,6 +49,7 @@ TICK_MS = 100
 class ActorState:
     identity: bytes
     last_seen: float
+    incarnation: str = ""
     weight_version: int = -1
     parked_groups: int = 0
     """Groups asked for by a WorkRequest still waiting for capacity (0 = none parked)."""
@@ -137,10 +138,12 @@ class LearnerServer(threading.Thread):
                 "weights_served": self.weights_served,
             }
 
-    def checkpoint_state(self) -> dict:
-        """Lease table and buffer counters taken together (no group moves in between)."""
+    def checkpoint_state(self) -> tuple[dict, dict]:
+        """Lease table and buffer (counters, waiting groups as arrays) taken together, so no
+        group moves in between."""
         with self._lock:
-            return {"leases": self.leases.state(), "buffer": self.buffer.counts()}
+            buffer_state, arrays = self.buffer.export()
+            return {"leases": self.leases.state(), "buffer": buffer_state}, arrays
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -248,10 +251,11 @@ class LearnerServer(threading.Thread):
         if not msg.actor_id or len(msg.actor_id) > 128:
             self._reject("bad_actor_id", "actor_id must be 1..128 characters", identity)
             return
-        if msg.actor_id in self.actors:
-            # A restarted actor reuses its id: whatever the old incarnation held is lost.
-            self.leases.expire_actor(msg.actor_id)
-        self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic())
+        # A restarted actor (same id, new incarnation) lost whatever its predecessor held; an
+        # actor that only reconnected (same incarnation) keeps its leases.
+        self.leases.expire_actor(msg.actor_id, keep_incarnation=msg.incarnation)
+        self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic(),
+                                               incarnation=msg.incarnation)
         log.info("actor %s joined (engine %s); %d connected", msg.actor_id, msg.engine,
                  len(self.actors))
         welcome = m.Welcome(
@@ -287,7 +291,7 @@ class LearnerServer(threading.Thread):
 
     def _serve(self, aid: str, st: ActorState) -> None:
         dropped = sum(self.buffer.dropped.values())
-        recs = self.leases.grant(aid, st.parked_groups, self.version, dropped)
+        recs = self.leases.grant(aid, st.incarnation, st.parked_groups, self.version, dropped)
         if not recs:
             return
         st.parked_groups = 0
@@ -309,6 +313,8 @@ class LearnerServer(threading.Thread):
                 log.warning("actor %s silent for %.1fs: declared dead", aid, now - st.last_seen)
                 self.leases.expire_actor(aid)
                 del self.actors[aid]
+        # leases restored from a checkpoint whose actor never came back
+        self.leases.expire_unclaimed(set(self.actors), now - self.tcfg.peer_timeout_s)
 
     # ------------------------------------------------------------ trajectory channel
     def _on_trajectory(self, frames: list[bytes]) -> None:

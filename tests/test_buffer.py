@@ -70,40 +70,50 @@ def test_close_wakes_a_blocked_take():
 
 def test_capacity_rule_eta0_grants_one_batch_per_version():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    assert len(table.grant("a", 10, version=0, dropped_elsewhere=0)) == 4
-    assert table.grant("a", 10, version=0, dropped_elsewhere=0) == []
-    got = table.grant("b", 10, version=1, dropped_elsewhere=0)
+    assert len(table.grant("a", "i0", 10, version=0, dropped_elsewhere=0)) == 4
+    assert table.grant("a", "i0", 10, version=0, dropped_elsewhere=0) == []
+    got = table.grant("b", "i0", 10, version=1, dropped_elsewhere=0)
     assert len(got) == 4 and all(r.min_version == 1 for r in got)
     assert [r.prompt.prompt_id for r in got] == [4, 5, 6, 7]
 
 
 def test_capacity_rule_eta2_and_drops_free_capacity():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
-    assert len(table.grant("a", 100, version=0, dropped_elsewhere=0)) == 12
-    assert table.grant("a", 100, version=0, dropped_elsewhere=0) == []
+    assert len(table.grant("a", "i0", 100, version=0, dropped_elsewhere=0)) == 12
+    assert table.grant("a", "i0", 100, version=0, dropped_elsewhere=0) == []
     # Two groups dropped stale in the buffer may be replaced.
-    assert len(table.grant("a", 100, version=0, dropped_elsewhere=2)) == 2
+    assert len(table.grant("a", "i0", 100, version=0, dropped_elsewhere=2)) == 2
 
 
 def test_expired_leases_are_regranted_and_accounted():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    recs = table.grant("dead", 3, version=0, dropped_elsewhere=0)
+    recs = table.grant("dead", "i0", 3, version=0, dropped_elsewhere=0)
     assert table.expire_actor("dead") == 3
-    again = table.grant("alive", 4, version=0, dropped_elsewhere=0)
+    again = table.grant("alive", "i0", 4, version=0, dropped_elsewhere=0)
     assert [r.prompt.prompt_id for r in again] == [0, 1, 2, 3]
     assert table.complete(recs[0].lease_id, "dead") is None  # late result of an expired lease
     c = table.counts()
     assert c["granted"] == 7 and c["dropped"] == {"expired": 3} and c["outstanding"] == 4
 
 
-def test_lease_state_round_trip_expires_outstanding():
+def test_lease_state_round_trip_keeps_outstanding_until_unclaimed():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    recs = table.grant("a", 4, version=0, dropped_elsewhere=0)
+    recs = table.grant("a", "i0", 4, version=0, dropped_elsewhere=0)
     table.complete(recs[0].lease_id, "a")
     fresh = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
     fresh.load_state(table.state())
-    assert fresh.cursor == 4 and fresh.dropped["expired"] == 3
-    assert [r.prompt.prompt_id for r in fresh.grant("b", 3, 0, 0)] == [1, 2, 3]
+    assert fresh.cursor == 4 and sorted(fresh.outstanding) == [1, 2, 3]
+    assert fresh.complete(2, "a") is not None  # the actor delivered after the restart
+    assert fresh.complete(2, "a") is None  # ...once
+    assert fresh.expire_unclaimed({"b"}, granted_before=float("inf")) == 2
+    assert [r.prompt.prompt_id for r in fresh.grant("b", "i0", 3, 0, 0)] == [1, 3]
+
+
+def test_reconnect_keeps_leases_restart_expires_them():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    table.grant("a", "first", 2, version=0, dropped_elsewhere=0)
+    assert table.expire_actor("a", keep_incarnation="first") == 0
+    assert table.expire_actor("a", keep_incarnation="second") == 2
 
 
 def test_reuse_serves_a_group_max_reuse_times_then_consumes_it():
