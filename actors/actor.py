@@ -71,7 +71,11 @@ class Actor:
         """Set while the learner knows us (between a Welcome and a detected loss)."""
         self.rejoined = asyncio.Event()
         self.latest_version = -1
+        self.run_id: str | None = None
+        self.weights_stale = False
+        """True after joining a different learner process: reload weights before generating."""
         self.last_heard = time.monotonic()
+        self.last_hello = 0.0
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
         tasks: list[asyncio.Task] = []
         try:
@@ -127,6 +131,11 @@ class Actor:
                      self.control_endpoint, timeout)
 
     def _on_welcome(self, msg: m.Welcome) -> None:
+        if self.run_id is not None and msg.run_id != self.run_id:
+            # A new learner process (e.g. resumed from a checkpoint): versions past its
+            # checkpoint never happened there, so our weights cannot be trusted.
+            self.weights_stale = True
+        self.run_id = msg.run_id
         log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
                  msg.latest_version)
         self.latest_version = max(self.latest_version, msg.latest_version)
@@ -140,6 +149,9 @@ class Actor:
         if self.joined.is_set():
             log.warning("%s; joining again", why)
             self.joined.clear()
+        elif time.monotonic() - self.last_hello < self.cfg.transport.heartbeat_s:
+            return  # a Hello is on its way; every rejected heartbeat need not send another
+        self.last_hello = time.monotonic()
         await self.control.send(self._hello())
 
     def _build(self, welcome: m.Welcome) -> tuple[EngineClient, Agent]:
@@ -210,7 +222,7 @@ class Actor:
         want = self.cfg.actors.groups_per_request
         while True:
             await self.joined.wait()
-            if self.latest_version > self.client.version:
+            if self.weights_stale or self.latest_version > self.client.version:
                 await self._sync_weights()
                 continue
             rejoined = self.rejoined
@@ -220,7 +232,7 @@ class Actor:
             if grant is None:
                 continue  # the learner restarted while our request was parked: ask again
             need = max(lease.min_version for lease in grant.leases)
-            while self.client.version < need:
+            while self.weights_stale or self.client.version < need:
                 await self._sync_weights()
             results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
             for res in results:
@@ -241,8 +253,9 @@ class Actor:
     async def _sync_weights(self) -> None:
         """Pull the newest weights from the learner (no-op if we have them). A reply that does
         not come within peer_timeout_s (learner gone) is abandoned and asked for again."""
+        have = -1 if self.weights_stale else self.client.version
         await self.weights.send(self.enc.encode(m.WeightRequest(actor_id=self.actor_id,
-                                                                have_version=self.client.version)))
+                                                                have_version=have)))
         timeout_ms = self.cfg.transport.peer_timeout_s * 1000
         while True:
             if not await self.weights.poll(timeout_ms):
@@ -263,6 +276,7 @@ class Actor:
                 return  # interleaved with an abandoned reply: ask again
             buckets.append(data.buffer)
         await self.client.load_packed(manifest, buckets)
+        self.weights_stale = False
         log.info("loaded weights v%d (%.2f MB)", manifest.version, manifest.total_bytes / 1e6)
 
     async def _run_lease(self, lease: m.Lease) -> m.GroupResult:

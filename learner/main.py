@@ -83,7 +83,8 @@ def run(cfg: TetherConfig) -> dict:
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = _spawn_local_actors(cfg, server.endpoints["control"], run_dir)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", cfg, append=state is not None)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
+                         resume_version=version if state is not None else None)
     reason = "finished"
     try:
         while version < cfg.learner.max_steps:

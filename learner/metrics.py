@@ -14,10 +14,15 @@ log = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    def __init__(self, path: Path, cfg: TetherConfig, append: bool) -> None:
+    def __init__(self, path: Path, cfg: TetherConfig, resume_version: int | None) -> None:
+        """Start a new log, or (resume) keep the rows up to `resume_version` and append."""
         self.path = path
         self.cfg = cfg
-        self.file = open(path, "a" if append else "w")
+        if resume_version is not None and path.exists():
+            keep = [ln for ln in path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln)["step"] <= resume_version]
+            path.write_text("".join(ln + "\n" for ln in keep))
+        self.file = open(path, "a" if resume_version is not None else "w")
         self.t0 = time.monotonic()
         self.last_t = self.t0
         self.rows: list[dict] = []

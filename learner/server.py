@@ -254,8 +254,12 @@ class LearnerServer(threading.Thread):
         # A restarted actor (same id, new incarnation) lost whatever its predecessor held; an
         # actor that only reconnected (same incarnation) keeps its leases.
         self.leases.expire_actor(msg.actor_id, keep_incarnation=msg.incarnation)
-        self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic(),
-                                               incarnation=msg.incarnation)
+        st = self.actors.get(msg.actor_id)
+        if st is not None and st.incarnation == msg.incarnation:
+            st.identity, st.last_seen = identity, time.monotonic()  # a repeated Hello
+        else:
+            self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic(),
+                                                   incarnation=msg.incarnation)
         log.info("actor %s joined (engine %s); %d connected", msg.actor_id, msg.engine,
                  len(self.actors))
         welcome = m.Welcome(

@@ -196,3 +196,33 @@ def test_learner_stop_leaves_no_orphan_actors(tmp_path, tiny_model_dir, sig):
         s = procs.summary(run)
         assert s["end_reason"] == "interrupted"
         assert (run / "checkpoints" / f"step_{s['steps']}").exists()
+
+
+def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    args = ["actors.num_local=0", "learner.max_steps=24", "learner.log_every=1",
+            "learner.checkpoint_every=4", "transport.heartbeat_s=0.25", "transport.peer_timeout_s=2",
+            "max_staleness=2"]
+    lp = procs.learner(run, tiny_model_dir, *args)
+    actors = []
+    try:
+        lp.wait_for(r"learner listening", timeout=120)
+        actors = [procs.actor(run, f"node-{i}") for i in range(2)]
+        lp.wait_for(r"step 6/24", timeout=180)
+        lp.kill()  # SIGKILL: no goodbye, no final checkpoint; the newest is step_4
+        for a in actors:
+            a.wait_for(r"learner silent .* joining again", timeout=60)
+        lp2 = procs.learner(run, tiny_model_dir, *args, "learner.resume=true")
+        lp2.wait_for(r"resumed from .*step_4 at v4", timeout=120)
+        assert lp2.finish(timeout=300) == 0, lp2.tail()
+        for a in actors:  # the same processes: never restarted
+            assert a.finish(timeout=60) == 0, a.tail()
+            assert "".join(a.lines).count("joined learner run") == 2
+    finally:
+        for p in (lp, *actors):
+            p.kill()
+    s = procs.summary(run)
+    assert s["steps"] == 24
+    _check_accounting(s)
+    assert s["groups"]["consumed"] == 24 * 16  # every step trained on exactly one batch
+    assert [r["step"] for r in procs.metrics(run)] == list(range(1, 25))
