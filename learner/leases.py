@@ -52,6 +52,8 @@ class LeaseTable:
         self.completed = 0
         self.dropped: Counter[str] = Counter()
         self.outstanding: dict[int, LeaseRecord] = {}
+        self.closed: set[int] = set()
+        """Lease ids already completed or dropped: a second result for one is a duplicate."""
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
 
@@ -88,12 +90,14 @@ class LeaseTable:
         if rec is None or rec.actor_id != actor_id:
             return None
         del self.outstanding[lease_id]
+        self.closed.add(lease_id)
         self.completed += 1
         return rec
 
     def drop(self, rec: LeaseRecord, reason: DropReason) -> None:
         """Count a lease whose trajectory will never be trained on (already removed or not)."""
         self.outstanding.pop(rec.lease_id, None)
+        self.closed.add(rec.lease_id)
         self.dropped[reason.value] += 1
 
     def expire_actor(self, actor_id: str, keep_incarnation: str | None = None) -> int:

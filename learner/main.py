@@ -118,6 +118,11 @@ def run(cfg: TetherConfig) -> dict:
     log.info("done: %s", json.dumps({k: summary[k] for k in
                                       ("eval_reward_start", "eval_reward_end", "steps",
                                        "wall_seconds", "accounting_ok")}))
+    g = summary["groups"]
+    log.info("accounting (groups): granted %d = consumed %d + dropped %s + outstanding %d + "
+             "in buffer %d -> %s; rejected messages %s", g["granted"], g["consumed"], g["dropped"],
+             g["outstanding"], g["in_buffer"], "ok" if summary["accounting_ok"] else "MISMATCH",
+             summary["rejected_messages"])
     return summary
 
 

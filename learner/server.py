@@ -332,8 +332,12 @@ class LearnerServer(threading.Thread):
             return
         rec = self.leases.complete(msg.lease_id, msg.actor_id)
         if rec is None:
-            self._reject("unknown_lease", f"lease {msg.lease_id} from {msg.actor_id!r} is not "
-                         "outstanding for that actor (duplicate, expired or forged)")
+            if msg.lease_id in self.leases.closed:
+                self._reject("duplicate", f"lease {msg.lease_id} from {msg.actor_id!r} was already "
+                             "completed, dropped or expired")
+            else:
+                self._reject("unknown_lease", f"lease {msg.lease_id} from {msg.actor_id!r} is not "
+                             "outstanding for that actor")
             return
         if st := self.actors.get(msg.actor_id):
             st.last_seen = time.monotonic()

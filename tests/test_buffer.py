@@ -149,3 +149,14 @@ def test_sampling_newest_and_uniform():
     for i in range(6):
         again.put(make_group(i, 0))
     assert [g.lease_id for g in again.take(3, 0, 1)] == picked  # seeded
+
+
+def test_closed_leases_are_remembered_for_duplicate_detection():
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    a, b = table.grant("a", "i0", 2, version=0, dropped_elsewhere=0)
+    assert table.complete(a.lease_id, "a") is a
+    from buffer.replay import DropReason
+
+    table.drop(b, DropReason.INVALID)
+    assert table.complete(a.lease_id, "a") is None and a.lease_id in table.closed
+    assert b.lease_id in table.closed and 99 not in table.closed
