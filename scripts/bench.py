@@ -1,0 +1,372 @@
+"""Tether benchmarks. Every figure is a ratio against a baseline measured in the same run.
+
+    .venv/bin/python scripts/bench.py                 # all sections, writes runs/bench/bench.json
+    .venv/bin/python scripts/bench.py --only transport weights
+
+Sections:
+  transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
+             real I/O thread) vs raw pyzmq PUSH/PULL of the same bytes.
+  weights    one weight version served by the learner's weights socket to 1, 4, 8 receivers vs
+             raw pyzmq ROUTER->DEALER of the same buckets; time to apply in the HF engine.
+  pipeline   real learner (tiny model) + simulated engine with long-tailed latency: steps/s at
+             max_staleness 0 (synchronous) vs 2 (overlapped), against the ideal
+             (gen + train) / max(gen, train) from times measured in the same run.
+  rollout    HF engine tokens/s called directly vs through the actor's EngineClient.
+  e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+from configs.loader import load_config  # noqa: E402
+from transport import messages as m  # noqa: E402
+
+PRESET = ROOT / "configs" / "toy_reverse.yaml"
+
+
+# ---------------------------------------------------------------- transport
+class _Task:
+    name = "bench"
+
+    def train_prompt(self, index: int):
+        from tasks.base import Prompt
+
+        return Prompt(index, np.arange(16, dtype=np.int32) % 10 + 6, {})
+
+
+def _group(lease_id: int, n: int, tokens: int) -> bytes:
+    rng = np.random.default_rng(lease_id)
+    samples = [m.Sample(sample_index=i,
+                        completion_ids=m.Array.from_numpy(rng.integers(0, 16, tokens).astype(np.int32)),
+                        logprobs=m.Array.from_numpy(-rng.random(tokens, dtype=np.float32)),
+                        versions=m.Array.from_numpy(np.zeros(tokens, np.int32)),
+                        loss_mask=m.Array.from_numpy(np.ones(tokens, np.uint8)), reward=1.0)
+               for i in range(n)]
+    return m.encoder().encode(m.GroupResult(lease_id=lease_id, actor_id="bench", prompt_id=lease_id,
+                                            samples=samples))
+
+
+def _server(num_groups: int, model_dir: Path, **transport):
+    from buffer.replay import ReplayBuffer
+    from learner.leases import LeaseTable
+    from learner.server import LearnerServer
+
+    overrides = [f"transport.{k}={v}" for k, v in transport.items()]
+    cfg = load_config(PRESET, [f"buffer.capacity_groups={max(num_groups, 16)}",
+                               f"task.max_new_tokens=4096", *overrides])
+    leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
+    leases.grant("bench", "", num_groups, version=0, dropped_elsewhere=0)
+    buf = ReplayBuffer(max(num_groups, 16), max_staleness=10)
+    server = LearnerServer(cfg, buf, leases, model_dir, vocab_size=16, version=0)
+    from learner.server import ActorState
+
+    # a registered sender that never times out during the measurement
+    server.actors["bench"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
+    return server, buf
+
+
+def bench_transport(model_dir: Path, tokens: int, num: int) -> dict:
+    frames = [_group(i, 8, tokens) for i in range(num)]
+    nbytes = sum(len(f) for f in frames)
+    server, buf = _server(num, model_dir, high_water_mark=1000)
+    server.start()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(server.endpoints["trajectory"])
+    t0 = time.perf_counter()
+    for f in frames:
+        push.send(f, copy=False)
+    while buf.counts()["received"] < num:
+        time.sleep(0.001)  # measurement probe: the learner fills the buffer on its own thread
+    ours = time.perf_counter() - t0
+    server.stop("bench done")
+    # raw: same bytes through PUSH/PULL, receiver only counts
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    raw_push = ctx.socket(zmq.PUSH)
+    raw_push.connect(f"tcp://127.0.0.1:{port}")
+    done = threading.Event()
+
+    def recv():
+        for _ in range(num):
+            pull.recv(copy=False)
+        done.set()
+
+    th = threading.Thread(target=recv)
+    th.start()
+    t0 = time.perf_counter()
+    for f in frames:
+        raw_push.send(f, copy=False)
+    done.wait()
+    raw = time.perf_counter() - t0
+    th.join()
+    for s in (push, pull, raw_push):
+        s.close(linger=0)
+    ctx.term()
+    assert server.rejected == {}, server.rejected
+    return {"tokens_per_sample": tokens, "groups": num, "MB": nbytes / 1e6,
+            "tether_groups_per_s": num / ours, "tether_MB_per_s": nbytes / ours / 1e6,
+            "raw_groups_per_s": num / raw, "raw_MB_per_s": nbytes / raw / 1e6,
+            "ratio_vs_raw": raw / ours}
+
+
+# ---------------------------------------------------------------- weights
+def bench_weights(model_dir: Path, receivers: list[int], megabytes: int) -> dict:
+    import torch
+
+    from learner.server import ActorState
+    from transport.weights import pack
+
+    state = {f"layer{i}.weight": torch.randn(1024, 1024) for i in range(megabytes // 4)}
+    packed = pack(state, version=1, bucket_bytes=16 * 1024 * 1024)
+    size = packed.manifest.total_bytes
+    out = {"MB": size / 1e6, "buckets": packed.manifest.num_buckets, "by_receivers": {}}
+    for k in receivers:
+        server, _ = _server(1, model_dir)
+        for i in range(k):
+            server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
+        server.publish(1, packed)
+        server.start()
+        ours = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, ours=True)
+        server.stop("bench done")
+        raw = _raw_router(packed, k)
+        out["by_receivers"][k] = {"tether_GB_per_s": k * size / ours / 1e9,
+                                  "raw_GB_per_s": k * size / raw / 1e9, "ratio_vs_raw": raw / ours}
+    return out
+
+
+def _receive_all(endpoint: str, k: int, num_buckets: int, ours: bool) -> float:
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in range(k)]
+    for s in socks:
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.connect(endpoint)
+    barrier = threading.Barrier(k + 1)
+
+    def one(i: int, s: zmq.Socket) -> None:
+        barrier.wait()
+        s.send(m.encoder().encode(m.WeightRequest(actor_id=f"r{i}", have_version=0)) if ours else b"go")
+        s.recv()  # manifest
+        for _ in range(num_buckets):
+            s.recv_multipart(copy=False)
+
+    threads = [threading.Thread(target=one, args=(i, s)) for i, s in enumerate(socks)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for s in socks:
+        s.close(linger=0)
+    ctx.term()
+    return elapsed
+
+
+def _raw_router(packed, k: int) -> float:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.SNDHWM, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    header = m.encoder().encode(packed.manifest)
+
+    def serve():
+        for _ in range(k):
+            ident, _ = router.recv_multipart()
+            router.send_multipart([ident, header])
+            for data in packed.buckets:
+                router.send_multipart([ident, b"h", data], copy=False)
+
+    th = threading.Thread(target=serve)
+    th.start()
+    elapsed = _receive_all(f"tcp://127.0.0.1:{port}", k, packed.manifest.num_buckets, ours=False)
+    th.join()
+    router.close(linger=0)
+    ctx.term()
+    return elapsed
+
+
+def bench_apply(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from actors.hf_engine import HFEngine
+    from transport.weights import pack
+
+    engine = HFEngine(model_dir)
+    packed = pack(load_file(str(model_dir / "model.safetensors")), 1, 32 << 20)
+    t0 = time.perf_counter()
+    for i in range(20):
+        engine.load_packed(packed.manifest, list(packed.buckets))
+    return {"hf_engine_apply_ms": (time.perf_counter() - t0) / 20 * 1e3,
+            "MB": packed.manifest.total_bytes / 1e6}
+
+
+# ---------------------------------------------------------------- pipeline + e2e (processes)
+def _learner_run(run_dir: Path, model_dir: Path, overrides: list[str], timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "learner", "-c", str(PRESET), f"run_dir={run_dir}",
+           f"model.path={model_dir}", "learner.checkpoint_every=0", *overrides]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=timeout, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": json.loads((run_dir / "summary.json").read_text()), "rows": rows}
+
+
+def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigma: float) -> dict:
+    out = {}
+    for eta in (0, 2):
+        r = _learner_run(work / f"pipe_eta{eta}", model_dir, [
+            f"max_staleness={eta}", f"learner.max_steps={steps}", "actors.engine=simulated",
+            f"actors.sim_latency_mean_s={latency}", f"actors.sim_latency_sigma={sigma}",
+            "actors.num_local=2", "actors.groups_per_request=8", "task.eval_prompts=8"], 600)
+        rows = r["rows"][5:]  # skip warm-up
+        period = (rows[-1]["time_s"] - rows[0]["time_s"]) / (len(rows) - 1)
+        train = float(np.mean([x["train_s"] for x in rows]))
+        out[f"eta{eta}"] = {"steps_per_s": 1 / period, "train_s": train, "period_s": period}
+    sync, asyn = out["eta0"], out["eta2"]
+    gen = sync["period_s"] - sync["train_s"]  # at eta 0 generation and training alternate
+    ideal = (gen + sync["train_s"]) / max(gen, sync["train_s"])
+    speedup = asyn["steps_per_s"] / sync["steps_per_s"]
+    out.update({"gen_s_per_batch": gen, "speedup": speedup, "ideal_speedup": ideal,
+                "fraction_of_ideal": speedup / ideal})
+    return out
+
+
+def bench_e2e(work: Path, model_dir: Path, steps: int, target: float) -> dict:
+    out = {}
+    for eta in (0, 2):
+        r = _learner_run(work / f"e2e_eta{eta}", model_dir,
+                         [f"max_staleness={eta}", f"learner.max_steps={steps}"], 900)
+        rows = r["rows"]
+        smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
+        hit = next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
+        train_wall = rows[-1]["time_s"]
+        out[f"eta{eta}"] = {
+            "samples_per_s": r["summary"]["groups"]["consumed"] * 8 / train_wall,
+            "seconds_to_reward": rows[hit]["time_s"] if hit is not None else None,
+            "eval_reward_end": r["summary"]["eval_reward_end"]}
+    out["target_train_reward_20step_avg"] = target
+    out["samples_per_s_ratio_eta2_vs_eta0"] = (out["eta2"]["samples_per_s"]
+                                               / out["eta0"]["samples_per_s"])
+    return out
+
+
+def bench_rollout(model_dir: Path, batches: int) -> dict:
+    from safetensors.torch import load_file
+
+    from actors.client import EngineClient
+    from actors.engine import GenerateRequest
+    from actors.hf_engine import HFEngine
+
+    engine = HFEngine(model_dir)
+    engine.load_weights(load_file(str(model_dir / "model.safetensors")), 0)
+    prompt = np.array([1, 4, 7, 8, 9, 6, 5], np.int32)
+    reqs = [GenerateRequest(prompt, 5, 1.0, i) for i in range(64)]
+    t0 = time.perf_counter()
+    tokens = sum(len(c.token_ids) for _ in range(batches) for c in engine.generate(reqs))
+    bare = tokens / (time.perf_counter() - t0)
+
+    async def via_client() -> int:
+        client = EngineClient(engine)
+        n = 0
+        for _ in range(batches):
+            outs = await asyncio.gather(*(client.generate(r.prompt_ids, 5, 1.0, r.seed) for r in reqs))
+            n += sum(len(c.token_ids) for c in outs)
+        return n
+
+    t0 = time.perf_counter()
+    tokens = asyncio.run(via_client())
+    client = tokens / (time.perf_counter() - t0)
+    return {"hf_bare_tokens_per_s": bare, "hf_via_actor_client_tokens_per_s": client,
+            "client_vs_bare": client / bare, "vllm": "not measured: vLLM engine not built yet (#4)"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--only", nargs="*", default=["transport", "weights", "pipeline", "rollout", "e2e"])
+    ns = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from learner.model_setup import ensure_model
+
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = ensure_model(load_config(PRESET, [f"model.path={out / 'model'}"]))
+    res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                             "python": platform.python_version(), "torch": torch.__version__,
+                             "pyzmq": zmq.pyzmq_version(), "libzmq": zmq.zmq_version()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if "transport" in ns.only:
+            res["transport"] = [bench_transport(model_dir, t, n) for t, n in ((8, 20000), (1024, 2000))]
+        if "weights" in ns.only:
+            res["weights"] = bench_weights(model_dir, [1, 4, 8], megabytes=128)
+            res["weights"]["apply"] = bench_apply(model_dir)
+        if "rollout" in ns.only:
+            res["rollout"] = bench_rollout(model_dir, batches=30)
+        if "pipeline" in ns.only:
+            res["pipeline"] = bench_pipeline(work, model_dir, steps=60, latency=0.08, sigma=1.0)
+        if "e2e" in ns.only:
+            res["e2e"] = bench_e2e(work, model_dir, steps=400, target=0.8)
+    (out / "bench.json").write_text(json.dumps(res, indent=1))
+    table = render(res)
+    (out / "bench.md").write_text(table)
+    print(table)
+
+
+def render(res: dict) -> str:
+    rows = ["| benchmark | Tether | baseline (same run) | ratio |", "|---|---|---|---|"]
+    for t in res.get("transport", []):
+        rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample | "
+                    f"{t['tether_groups_per_s']:.0f} groups/s, {t['tether_MB_per_s']:.0f} MB/s | "
+                    f"raw PUSH/PULL {t['raw_groups_per_s']:.0f} groups/s, {t['raw_MB_per_s']:.0f} MB/s | "
+                    f"{t['ratio_vs_raw']:.2f} |")
+    if "weights" in res:
+        w = res["weights"]
+        for k, v in w["by_receivers"].items():
+            rows.append(f"| weights {w['MB']:.0f} MB to {k} receiver(s) | {v['tether_GB_per_s']:.2f} GB/s | "
+                        f"raw ROUTER/DEALER {v['raw_GB_per_s']:.2f} GB/s | {v['ratio_vs_raw']:.2f} |")
+        rows.append(f"| apply weights, HF engine ({w['apply']['MB']:.2f} MB) | "
+                    f"{w['apply']['hf_engine_apply_ms']:.1f} ms | | |")
+    if "rollout" in res:
+        r = res["rollout"]
+        rows.append(f"| rollout tokens/s, HF | via actor client {r['hf_via_actor_client_tokens_per_s']:.0f} | "
+                    f"bare engine {r['hf_bare_tokens_per_s']:.0f} | {r['client_vs_bare']:.2f} |")
+    if "pipeline" in res:
+        pl = res["pipeline"]
+        rows.append(f"| pipeline: async (eta 2) vs sync (eta 0) | speedup {pl['speedup']:.2f} | "
+                    f"ideal {pl['ideal_speedup']:.2f} (gen {pl['gen_s_per_batch']:.3f} s, train "
+                    f"{pl['eta0']['train_s']:.3f} s) | {pl['fraction_of_ideal']:.2f} of ideal |")
+    if "e2e" in res:
+        e = res["e2e"]
+        fmt = lambda x: "never" if x is None else f"{x:.0f} s"  # noqa: E731
+        rows.append(f"| toy task, eta 2 vs eta 0 | {e['eta2']['samples_per_s']:.0f} samples/s, "
+                    f"reward {e['target_train_reward_20step_avg']} in {fmt(e['eta2']['seconds_to_reward'])} | "
+                    f"{e['eta0']['samples_per_s']:.0f} samples/s, in {fmt(e['eta0']['seconds_to_reward'])} | "
+                    f"{e['samples_per_s_ratio_eta2_vs_eta0']:.2f} |")
+    mach = res["machine"]
+    return (f"Machine: {mach['cpus']} CPUs, {mach['platform']}, torch {mach['torch']}, "
+            f"libzmq {mach['libzmq']}\n\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
