@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-from configs.loader import ConfigError, describe, load_config
+from configs.loader import ConfigError, describe, load_config, setup_process
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,17 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether-actor: {e}", file=sys.stderr)
         return 2
 
+    setup_process(f"actor[{ns.actor_id}]")
     import asyncio
-    import logging
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import signal
 
     from actors.actor import Actor
 
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s actor[{ns.actor_id}] %(levelname)s %(message)s")
     cache = Path(ns.cache_dir) if ns.cache_dir else Path(cfg.run_dir) / "actor_cache"
     actor = Actor(cfg, endpoint, ns.actor_id, cache,
                   parent_pid=os.getppid() if ns.exit_with_parent else None)

@@ -56,6 +56,9 @@ class Actor:
         self.agent: Agent | None = None
         self.stopped = asyncio.Event()
         self.groups_done = 0
+        self.tokens_done = 0
+        self.status_t = time.monotonic()
+        self.status_tokens = 0
 
     async def run(self) -> int:
         """Work until the learner says Shutdown (or a signal sets `stopped`); returns the exit code.
@@ -211,6 +214,7 @@ class Actor:
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             if self._parent_gone():
                 return
+            self._status()
             silent = time.monotonic() - self.last_heard
             if silent > welcome.peer_timeout_s:
                 await self._rejoin(f"learner silent for {silent:.1f}s")
@@ -238,6 +242,7 @@ class Actor:
             for res in results:
                 await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
                 self.groups_done += 1
+                self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples if x.completion_ids.shape)
 
     async def _next_grant(self, rejoined: asyncio.Event) -> m.LeaseGrant | None:
         """The grant answering our request, or None if we had to join again meanwhile."""
@@ -290,6 +295,17 @@ class Actor:
         return m.GroupResult(lease_id=lease.lease_id, actor_id=self.actor_id,
                              prompt_id=lease.prompt_id,
                              samples=[_sample(i, r) for i, r in enumerate(rollouts)])
+
+    def _status(self, every_s: float = 10.0) -> None:
+        """A compact progress line every `every_s` seconds."""
+        now = time.monotonic()
+        if now - self.status_t < every_s:
+            return
+        rate = (self.tokens_done - self.status_tokens) / (now - self.status_t)
+        log.info("status | weights v%d (latest v%d) | %d groups | %.0f tok/s | %s",
+                 self.client.version if self.client else -1, self.latest_version, self.groups_done,
+                 rate, "joined" if self.joined.is_set() else "joining")
+        self.status_t, self.status_tokens = now, self.tokens_done
 
     def _parent_gone(self) -> bool:
         if self.parent_pid is None or os.getppid() == self.parent_pid:

@@ -144,3 +144,13 @@ def describe(cls: type = TetherConfig, prefix: str = "") -> list[str]:
             lines.append(f"  {prefix}{f.name} = {value!r}\n      {docs.get(f.name, '')}")
     return lines
 
+
+
+def setup_process(tag: str) -> None:
+    """Process set-up shared by the entry points, after the config parsed: offline HF (no hub
+    at run time, no progress bars) and log lines tagged with the role, e.g. `actor[node-3]`."""
+    import logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(levelname)s %(message)s")

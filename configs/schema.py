@@ -86,6 +86,8 @@ class LearnerConfig:
     """Continue from the newest checkpoint in run_dir/checkpoints."""
     log_every: int = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
+    tensorboard: bool = True
+    """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from configs.loader import ConfigError, describe, load_config
+from configs.loader import ConfigError, describe, load_config, setup_process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether-learner: {e}", file=sys.stderr)
         return 2
 
-    import logging
-    import os
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s learner %(levelname)s %(message)s")
+    setup_process("learner")
     from learner.main import run
 
     run(cfg)

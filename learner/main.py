@@ -106,6 +106,7 @@ def run(cfg: TetherConfig) -> dict:
     finally:
         server.stop(reason)
         buffer.close()
+        metrics.close()
         _reap(actors)
     if not (run_dir / "checkpoints" / f"step_{version}").exists():
         _save_checkpoint(backend, server, run_dir, version)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import time
@@ -23,6 +24,11 @@ class MetricsLog:
                     if ln.strip() and json.loads(ln)["step"] <= resume_version]
             path.write_text("".join(ln + "\n" for ln in keep))
         self.file = open(path, "a" if resume_version is not None else "w")
+        self.tb = None
+        if cfg.learner.tensorboard and importlib.util.find_spec("tensorboard") is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_version)
         self.t0 = time.monotonic()
         self.last_t = self.t0
         self.rows: list[dict] = []
@@ -40,6 +46,10 @@ class MetricsLog:
         self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self.tb.add_scalar(k, v, version)
         if version % self.cfg.learner.log_every == 0 or version == self.cfg.learner.max_steps:
             log.info("step %d/%d | reward %.3f | staleness %.2f (max %d) | %.0f tok/s | "
                      "buffer %d/%d | actors %d | dropped stale %d | clip %.3f | kl %.2e",
@@ -47,6 +57,11 @@ class MetricsLog:
                      row["staleness_mean"], row["staleness_max"], row["tokens_per_s"],
                      row["buffer_size"], row["buffer_capacity"], row["actors_connected"],
                      row["dropped_stale"], row["clip_frac"], row["kl_behavior_prox_k3"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
 
     def summary(self) -> dict:
         if not self.rows:

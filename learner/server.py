@@ -120,8 +120,10 @@ class LearnerServer(threading.Thread):
         self._ctx.term()
 
     def _command(self, cmd: tuple) -> None:
-        self._commands.put(cmd)
+        # Under the lock the I/O thread cannot take the command (and, for "stop", close the
+        # wake socket) before the wake-up is sent.
         with self._lock:
+            self._commands.put(cmd)
             self._wake_tx.send(b"", zmq.NOBLOCK)
 
     def snapshot(self) -> dict:
