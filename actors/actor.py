@@ -136,8 +136,10 @@ class Actor:
     def _on_welcome(self, msg: m.Welcome) -> None:
         if self.run_id is not None and msg.run_id != self.run_id:
             # A new learner process (e.g. resumed from a checkpoint): versions past its
-            # checkpoint never happened there, so our weights cannot be trusted.
+            # checkpoint never happened there, so neither our weights nor our idea of the
+            # newest version can be trusted.
             self.weights_stale = True
+            self.latest_version = msg.latest_version
         self.run_id = msg.run_id
         log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
                  msg.latest_version)
@@ -268,7 +270,8 @@ class Actor:
             manifest = self.dec.weights.decode(await self.weights.recv())
             if isinstance(manifest, m.WeightManifest):
                 break  # anything else is the tail of an abandoned reply
-        if manifest.num_buckets == 0:
+        if manifest.num_buckets == 0:  # we have the learner's newest version
+            self.latest_version = manifest.version
             return
         buckets = []
         for i in range(manifest.num_buckets):

@@ -89,6 +89,13 @@ class LearnerServer(threading.Thread):
         self.weights.setsockopt(zmq.SNDHWM, 0)
         for sock in (self.control, self.trajectory, self.weights):
             security.make_server(sock, t)
+        # ZeroMQ drops a connection that sends a frame over ZMQ_MAXMSGSIZE (or breaks the
+        # protocol) without telling the application; the monitors make it visible and counted.
+        self._monitors = {sock.get_monitor_socket(zmq.EVENT_DISCONNECTED): name for sock, name in
+                          ((self.control, "control"), (self.trajectory, "trajectory"),
+                           (self.weights, "weights"))}
+        self.disconnects: Counter[str] = Counter()
+        """Connections dropped, per socket (peers leaving, oversized or broken frames)."""
         ports = (bind(self.control, t.host, t.control_port),
                  bind(self.trajectory, t.host, t.trajectory_port),
                  bind(self.weights, t.host, t.weights_port))
@@ -137,6 +144,7 @@ class LearnerServer(threading.Thread):
                                               default=0.0),
                 "leases": self.leases.counts(),
                 "rejected": dict(self.rejected),
+                "disconnects": dict(self.disconnects),
                 "weights_served": self.weights_served,
             }
 
@@ -153,6 +161,8 @@ class LearnerServer(threading.Thread):
         poller.register(self.control, zmq.POLLIN)
         poller.register(self.weights, zmq.POLLIN)
         poller.register(self._wake_rx, zmq.POLLIN)
+        for mon in self._monitors:
+            poller.register(mon, zmq.POLLIN)
         reading_trajectories = False
         stopping: str | None = None
         while stopping is None:
@@ -173,6 +183,9 @@ class LearnerServer(threading.Thread):
                     self._drain(self.trajectory, self._on_trajectory, until_full=True)
                 if self._wake_rx in events:
                     self._drain(self._wake_rx, lambda frames: None)
+                for mon, name in self._monitors.items():
+                    if mon in events:
+                        self._drain(mon, lambda frames, name=name: self._on_disconnect(name))
                 stopping = self._run_commands()
                 self._expire_dead_actors()
                 self._serve_parked()
@@ -208,8 +221,17 @@ class LearnerServer(threading.Thread):
         for st in self.actors.values():
             self.control.send_multipart([st.identity, msg], zmq.NOBLOCK)
         log.info("told %d actor(s) to shut down: %s", len(self.actors), reason)
-        for sock in (self.control, self.trajectory, self.weights, self._wake_rx):
+        for sock in (self.control, self.trajectory, self.weights):
+            sock.disable_monitor()
+        for sock in (*self._monitors, self.control, self.trajectory, self.weights, self._wake_rx):
             sock.close(linger=200)
+
+    def _on_disconnect(self, socket_name: str) -> None:
+        self.disconnects[socket_name] += 1
+        n = self.disconnects[socket_name]
+        if n <= 5 or n % 100 == 0:
+            log.info("a peer connection to the %s socket closed (#%d: a peer left, or ZeroMQ "
+                     "dropped it for an oversized or broken frame)", socket_name, n)
 
     # ------------------------------------------------------------ control channel
     def _reject(self, reason: str, detail: str, identity: bytes | None = None) -> None:
@@ -250,8 +272,9 @@ class LearnerServer(threading.Thread):
                          f"protocol version mismatch: actor {msg.actor_id!r} speaks "
                          f"v{msg.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}", identity)
             return
-        if not msg.actor_id or len(msg.actor_id) > 128:
-            self._reject("bad_actor_id", "actor_id must be 1..128 characters", identity)
+        if not (0 < len(msg.actor_id) <= 128 and msg.actor_id.isascii() and msg.actor_id.isprintable()):
+            self._reject("bad_actor_id", "actor_id must be 1..128 printable ASCII characters",
+                         identity)
             return
         # A restarted actor (same id, new incarnation) lost whatever its predecessor held; an
         # actor that only reconnected (same incarnation) keeps its leases.
@@ -262,7 +285,7 @@ class LearnerServer(threading.Thread):
         else:
             self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic(),
                                                    incarnation=msg.incarnation)
-        log.info("actor %s joined (engine %s); %d connected", msg.actor_id, msg.engine,
+        log.info("actor %s joined (engine %r); %d connected", msg.actor_id, msg.engine,
                  len(self.actors))
         welcome = m.Welcome(
             protocol_version=m.PROTOCOL_VERSION, actor_id=msg.actor_id,

@@ -141,6 +141,7 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
     rejected = sum(s["rejected_messages"].values())
     assert rejected >= 0.95 * 3 * per_socket, s["rejected_messages"]
     assert s["rejected_messages"]["protocol_version"] >= 1
+    assert s["disconnects"].get("trajectory", 0) >= 1  # the oversized frame's connection
     # nothing from the fuzzer reached the buffer: everything received was a granted lease
     assert s["buffer"]["received"] == s["groups"]["consumed"] + s["groups"]["in_buffer"] + \
         s["groups"]["dropped"].get("stale", 0)
@@ -204,7 +205,7 @@ def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tin
             "learner.checkpoint_every=4", "transport.heartbeat_s=0.25", "transport.peer_timeout_s=2",
             "max_staleness=2"]
     lp = procs.learner(run, tiny_model_dir, *args)
-    actors = []
+    actors, lp2 = [], None
     try:
         lp.wait_for(r"learner listening", timeout=120)
         actors = [procs.actor(run, f"node-{i}") for i in range(2)]
@@ -219,8 +220,9 @@ def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tin
             assert a.finish(timeout=60) == 0, a.tail()
             assert "".join(a.lines).count("joined learner run") == 2
     finally:
-        for p in (lp, *actors):
-            p.kill()
+        for p in (lp, lp2, *actors):
+            if p is not None:
+                p.kill()
     s = procs.summary(run)
     assert s["steps"] == 24
     _check_accounting(s)
