@@ -56,6 +56,7 @@ class Actor:
         self.agent: Agent | None = None
         self.stopped = asyncio.Event()
         self.groups_done = 0
+        self.leases_held = 0
         self.tokens_done = 0
         self.status_t = time.monotonic()
         self.status_tokens = 0
@@ -83,6 +84,8 @@ class Actor:
         tasks: list[asyncio.Task] = []
         try:
             welcome = await self._first_join()
+            if welcome is None:  # our parent learner is gone: nothing to join
+                return 0
             self.trajectory = self._socket(zmq.PUSH, t)
             self.trajectory.connect(welcome.trajectory_endpoint)
             self.weights = self._socket(zmq.DEALER, t)
@@ -115,7 +118,7 @@ class Actor:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
                                        engine=self.cfg.actors.engine, incarnation=self.incarnation))
 
-    async def _first_join(self) -> m.Welcome:
+    async def _first_join(self) -> m.Welcome | None:
         """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
         timeout = self.cfg.transport.peer_timeout_s
         while True:
@@ -129,7 +132,7 @@ class Actor:
                     case m.Reject(reason=reason):
                         raise Rejected(reason)
             if self._parent_gone():
-                raise Rejected("parent process gone before the learner answered")
+                return None
             log.info("no answer from learner at %s after %.0fs; saying hello again",
                      self.control_endpoint, timeout)
 
@@ -212,7 +215,7 @@ class Actor:
         while True:
             await self.control.send(self.enc.encode(m.Heartbeat(
                 actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
-                leases_held=0)))
+                leases_held=self.leases_held)))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             if self._parent_gone():
                 return
@@ -240,11 +243,13 @@ class Actor:
             need = max(lease.min_version for lease in grant.leases)
             while self.weights_stale or self.client.version < need:
                 await self._sync_weights()
+            self.leases_held = len(grant.leases)
             results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
             for res in results:
                 await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
                 self.groups_done += 1
                 self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples if x.completion_ids.shape)
+            self.leases_held = 0
 
     async def _next_grant(self, rejoined: asyncio.Event) -> m.LeaseGrant | None:
         """The grant answering our request, or None if we had to join again meanwhile."""

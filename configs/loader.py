@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import json
 import os
 import typing
 from pathlib import Path
@@ -112,11 +111,6 @@ def to_dict(cfg: TetherConfig) -> dict:
 def save_config(cfg: TetherConfig, path: str | os.PathLike) -> None:
     """Write the resolved config as YAML, loadable again with `load_config`."""
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def config_digest(cfg: TetherConfig) -> str:
-    """A stable JSON rendering, handy for logs and equality checks."""
-    return json.dumps(to_dict(cfg), sort_keys=True)
 
 
 def field_docs(cls: type) -> dict[str, str]:

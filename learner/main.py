@@ -116,6 +116,11 @@ def run(cfg: TetherConfig) -> dict:
     summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
                        metrics, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    _log_summary(summary)
+    return summary
+
+
+def _log_summary(summary: dict) -> None:
     log.info("done: %s", json.dumps({k: summary[k] for k in
                                       ("eval_reward_start", "eval_reward_end", "steps",
                                        "wall_seconds", "accounting_ok")}))
@@ -124,7 +129,6 @@ def run(cfg: TetherConfig) -> dict:
              "in buffer %d -> %s; rejected messages %s", g["granted"], g["consumed"], g["dropped"],
              g["outstanding"], g["in_buffer"], "ok" if summary["accounting_ok"] else "MISMATCH",
              summary["rejected_messages"])
-    return summary
 
 
 def _interrupt(signum, frame) -> None:
