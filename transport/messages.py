@@ -15,6 +15,8 @@ Channels (learner binds, actors connect):
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import numpy as np
 
@@ -42,7 +44,7 @@ class Array(msgspec.Struct, frozen=True):
         if any(d < 0 for d in self.shape):
             raise ValueError(f"array shape {self.shape} has a negative dimension")
         dt = np.dtype(self.dtype)
-        expected = int(np.prod(self.shape, dtype=np.int64)) * dt.itemsize
+        expected = math.prod(self.shape) * dt.itemsize
         if expected != len(self.data):
             raise ValueError(f"array of dtype {self.dtype} and shape {self.shape} needs "
                              f"{expected} bytes, got {len(self.data)}")
