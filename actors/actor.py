@@ -1,6 +1,6 @@
 """A rollout actor: one process, one engine, talking to the learner over three sockets.
 
-    session:  Hello -> Welcome -> build engine from the learner's model files -> pull weights
+    join:     Hello -> Welcome -> build engine from the learner's model files -> pull weights
     work:     WorkRequest --(parked at the learner until the staleness capacity admits it)-->
               LeaseGrant -> pull weights if older than the leases' min_version -> run the agent
               for every sample of every lease (one engine batch) -> PUSH GroupResults
@@ -8,8 +8,8 @@
 
 What blocks where: the event loop never blocks; generation and weight loads run in a worker
 thread (EngineClient). `trajectory.send` awaits when the learner's buffer is full (ZeroMQ
-high-water mark): backpressure. If the learner is silent for peer_timeout_s the session ends
-and the actor reconnects (Hello again) until the learner is back or sends Shutdown.
+high-water mark): backpressure. If the learner is silent for peer_timeout_s, or refuses a
+message, the actor says Hello again on the same sockets; work in progress carries on.
 """
 
 from __future__ import annotations
@@ -143,10 +143,11 @@ class Actor:
             # newest version can be trusted.
             self.weights_stale = True
             self.latest_version = msg.latest_version
+        else:
+            self.latest_version = max(self.latest_version, msg.latest_version)
         self.run_id = msg.run_id
         log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
                  msg.latest_version)
-        self.latest_version = max(self.latest_version, msg.latest_version)
         self.last_heard = time.monotonic()
         self.rejoined.set()  # wakes a work loop whose request the old learner took with it
         self.rejoined = asyncio.Event()
@@ -248,7 +249,7 @@ class Actor:
             for res in results:
                 await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
                 self.groups_done += 1
-                self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples if x.completion_ids.shape)
+                self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples)
             self.leases_held = 0
 
     async def _next_grant(self, rejoined: asyncio.Event) -> m.LeaseGrant | None:
@@ -321,7 +322,6 @@ class Actor:
         log.warning("parent process %d is gone: stopping", self.parent_pid)
         self.stopped.set()
         return True
-
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

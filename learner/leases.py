@@ -52,8 +52,6 @@ class LeaseTable:
         self.completed = 0
         self.dropped: Counter[str] = Counter()
         self.outstanding: dict[int, LeaseRecord] = {}
-        self.closed: set[int] = set()
-        """Lease ids already completed or dropped: a second result for one is a duplicate."""
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
 
@@ -90,14 +88,18 @@ class LeaseTable:
         if rec is None or rec.actor_id != actor_id:
             return None
         del self.outstanding[lease_id]
-        self.closed.add(lease_id)
         self.completed += 1
         return rec
+
+    def is_closed(self, lease_id: int) -> bool:
+        """Granted once and no longer outstanding (completed, dropped or expired): a second
+        result for it is a duplicate. Derived from the id counter, so it costs no memory and
+        survives a checkpoint."""
+        return 0 <= lease_id < self.next_lease_id and lease_id not in self.outstanding
 
     def drop(self, rec: LeaseRecord, reason: DropReason) -> None:
         """Count a lease whose trajectory will never be trained on (already removed or not)."""
         self.outstanding.pop(rec.lease_id, None)
-        self.closed.add(rec.lease_id)
         self.dropped[reason.value] += 1
 
     def expire_actor(self, actor_id: str, keep_incarnation: str | None = None) -> int:

@@ -357,7 +357,7 @@ class LearnerServer(threading.Thread):
             return
         rec = self.leases.complete(msg.lease_id, msg.actor_id)
         if rec is None:
-            if msg.lease_id in self.leases.closed:
+            if self.leases.is_closed(msg.lease_id):
                 self._reject("duplicate", f"lease {msg.lease_id} from {msg.actor_id!r} was already "
                              "completed, dropped or expired")
             else:

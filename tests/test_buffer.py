@@ -158,5 +158,10 @@ def test_closed_leases_are_remembered_for_duplicate_detection():
     from buffer.replay import DropReason
 
     table.drop(b, DropReason.INVALID)
-    assert table.complete(a.lease_id, "a") is None and a.lease_id in table.closed
-    assert b.lease_id in table.closed and 99 not in table.closed
+    assert table.complete(a.lease_id, "a") is None and table.is_closed(a.lease_id)
+    assert table.is_closed(b.lease_id) and not table.is_closed(99)
+    c = table.grant("a", "i0", 1, version=0, dropped_elsewhere=0)[0]
+    assert not table.is_closed(c.lease_id)  # outstanding, not closed
+    restored = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
+    restored.load_state(table.state())
+    assert restored.is_closed(a.lease_id) and not restored.is_closed(c.lease_id)
