@@ -1,4 +1,4 @@
-"""The engine client agents talk to: `await llm.generate(...)`.
+"""`EngineClient`: the `LLMClient` (actors/engine.py) for synchronous batch engines.
 
 Requests issued concurrently (e.g. the n samples of a group, or many agents' turns) are gathered
 into one engine batch. The engine runs in a worker thread, so the actor's event loop keeps
@@ -25,6 +25,10 @@ class EngineClient:
     @property
     def version(self) -> int:
         return self.engine.version
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
 
     async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
                        seed: int) -> Completion:
@@ -56,3 +60,11 @@ class EngineClient:
         """Load new weights once the running batch (if any) has finished."""
         async with self._lock:
             await asyncio.to_thread(self.engine.load_packed, manifest, buckets)
+
+    async def load_file(self, path: str, version: int) -> None:
+        """Load a safetensors file once the running batch (if any) has finished."""
+        from safetensors.torch import load_file
+
+        async with self._lock:
+            state = await asyncio.to_thread(load_file, path)
+            await asyncio.to_thread(self.engine.load_weights, state, version)

@@ -1,8 +1,13 @@
-"""The rollout engine interface every backend (HF, vLLM, SGLang) implements.
+"""The two engine interfaces: what agents and the actor call, and what batch engines implement.
 
-An engine generates completions for a batch of requests and loads weights at a version. It is
-synchronous and not re-entrant: `EngineClient` serializes calls and runs them in a worker
-thread, so a weight update always waits for the running batch (update_mode "wait").
+`LLMClient` is what an agent gets as `llm` and what the actor loads weights into: async,
+one request per call, safe to call concurrently. Two kinds of backend provide it:
+
+* batch engines (HF transformers, the simulated engine) implement the synchronous `Engine`
+  protocol below; `actors.client.EngineClient` gathers concurrent requests into batches and
+  runs them in a worker thread. A weight update waits for the running batch ("wait").
+* natively asynchronous engines (vLLM's AsyncLLM, `actors.vllm_engine.VLLMEngine`) implement
+  `LLMClient` directly, stream requests continuously and can take weights mid-request.
 """
 
 from __future__ import annotations
@@ -30,6 +35,22 @@ class Completion:
     finish_reason: str      # "stop" (EOS) or "length"
 
 
+class LLMClient(Protocol):
+    version: int
+    """Weight version new requests are sampled with (-1 before the first load)."""
+    vocab_size: int
+
+    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
+                       seed: int) -> Completion:
+        """Sample one completion of `prompt_ids`; `seed` is the agent's base seed."""
+
+    async def load_packed(self, manifest, buckets: list) -> None:
+        """Load weight version `manifest.version` from raw buckets (transport/weights.py)."""
+
+    async def load_file(self, path: str, version: int) -> None:
+        """Load weight version `version` from a safetensors file (shared-filesystem weights)."""
+
+
 class Engine(Protocol):
     version: int
     """Weight version currently loaded (-1 before the first load)."""
@@ -39,6 +60,9 @@ class Engine(Protocol):
 
     def load_packed(self, manifest, buckets: list) -> None:
         """Load weight version `manifest.version` from its raw buckets (transport/weights.py)."""
+
+    def load_weights(self, state: dict, version: int) -> None:
+        """Load weight version `version` from a state dict of tensors."""
 
 
 def sample_seed(seed: int, prompt_id: int, sample_index: int, turn: int = 0) -> int:

@@ -26,6 +26,9 @@ class SimulatedEngine:
     def load_packed(self, manifest: WeightManifest, buckets: list) -> None:
         self.version = manifest.version
 
+    def load_weights(self, state: dict, version: int) -> None:
+        self.version = version
+
     def generate(self, requests: list[GenerateRequest]) -> list[Completion]:
         out, longest = [], 0.0
         for r in requests:

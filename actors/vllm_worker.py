@@ -1,0 +1,33 @@
+"""Runs inside vLLM's worker process (`worker_extension_cls`): loads Tether weights in place.
+
+vLLM calls these methods through `AsyncLLM.collective_rpc`. Only bytes and strings cross that
+boundary (vLLM's RPC does not carry tensors), so the worker rebuilds tensors itself with
+`transport.weights.unpack`. `model_runner.reload_weights` is the path that works on CPU as well
+as GPU (`model.load_weights` breaks on CPU, where oneDNN has pre-packed the linear weights).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TetherWorkerExtension:
+    def tether_load_packed(self, manifest_raw: bytes, buckets: list[bytes]) -> int:
+        from transport.messages import WeightManifest
+        from transport.weights import unpack
+
+        manifest = msgspec.msgpack.decode(manifest_raw, type=WeightManifest)
+        self._tether_reload(unpack(manifest, buckets))
+        return manifest.version
+
+    def tether_load_file(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self._tether_reload(load_file(path))
+
+    def _tether_reload(self, state: dict) -> None:
+        # With tied embeddings the learner does not send lm_head.weight, but vLLM's CPU backend
+        # keeps a separately packed copy of it: without this line the head keeps old weights.
+        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
