@@ -2,8 +2,10 @@
 
     join:     Hello -> Welcome -> build engine from the learner's model files -> pull weights
     work:     WorkRequest --(parked at the learner until the staleness capacity admits it)-->
-              LeaseGrant -> pull weights if older than the leases' min_version -> run the agent
-              for every sample of every lease (one engine batch) -> PUSH GroupResults
+              LeaseGrant -> wait for weights >= the leases' min_version -> run the agent for
+              every sample of every lease -> PUSH GroupResults
+    weights:  every newly announced version is pulled and loaded at once, concurrently with
+              generation (hf: between batches; vllm: mid-request with update_mode keep/abort)
     side:     heartbeat every heartbeat_s; HeartbeatAck/announcements carry the newest version
 
 What blocks where: the event loop never blocks; generation and weight loads run in a worker
@@ -28,6 +30,7 @@ import zmq.asyncio
 
 from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent
 from actors.client import EngineClient
+from actors.engine import LLMClient
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport import security
@@ -52,7 +55,9 @@ class Actor:
         self.ctx = zmq.asyncio.Context()
         self.enc = m.encoder()
         self.dec = m.Decoders()
-        self.client: EngineClient | None = None
+        self.client: LLMClient | None = None
+        self._closers: list = []
+        """Called once when the actor stops (e.g. vLLM's shutdown, which ends its engine process)."""
         self.agent: Agent | None = None
         self.stopped = asyncio.Event()
         self.groups_done = 0
@@ -81,6 +86,12 @@ class Actor:
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
+        self.built = asyncio.Event()
+        """Set once the engine and agent exist."""
+        self.news = asyncio.Event()
+        """Set when the learner announces a newer version (or we joined a new learner)."""
+        self.loaded = asyncio.Event()
+        """Set (and replaced) after every weight load; work waiting for a version waits on it."""
         tasks: list[asyncio.Task] = []
         try:
             welcome = await self._first_join()
@@ -93,7 +104,7 @@ class Actor:
             self.weights.connect(welcome.weights_endpoint)
             tasks = [asyncio.create_task(c) for c in (
                 self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome),
-                self.stopped.wait())]
+                self._weights_loop(), self.stopped.wait())]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise Rejected / bugs
@@ -108,6 +119,8 @@ class Actor:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)
             self.ctx.destroy(linger=0)
+            for close in self._closers:
+                close()
 
     def _socket(self, kind: int, t) -> zmq.asyncio.Socket:
         sock = configure(self.ctx.socket(kind), t, limit_size=False)
@@ -143,8 +156,9 @@ class Actor:
             # newest version can be trusted.
             self.weights_stale = True
             self.latest_version = msg.latest_version
+            self.news.set()
         else:
-            self.latest_version = max(self.latest_version, msg.latest_version)
+            self._announce(msg.latest_version)
         self.run_id = msg.run_id
         log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
                  msg.latest_version)
@@ -163,7 +177,7 @@ class Actor:
         self.last_hello = time.monotonic()
         await self.control.send(self._hello())
 
-    def _build(self, welcome: m.Welcome) -> tuple[EngineClient, Agent]:
+    def _build(self, welcome: m.Welcome) -> tuple[LLMClient, Agent]:
         """Write the learner's model files locally and build engine, task and agent."""
         model_dir = self.cache_dir / welcome.run_id
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -186,10 +200,17 @@ class Actor:
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
-        engine = HFEngine(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         task = make_task(self.cfg.task.name, tokenizer, num_digits=self.cfg.task.num_digits)
-        return EngineClient(engine), SingleTurnAgent(task.reward)
+        if A.engine == "vllm":
+            from actors.vllm_engine import VLLMEngine
+
+            llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
+                             kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
+                             max_num_seqs=A.vllm_max_num_seqs)
+            self._closers.append(llm.shutdown)
+            return llm, SingleTurnAgent(task.reward)
+        return EngineClient(HFEngine(model_dir)), SingleTurnAgent(task.reward)
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:
@@ -198,10 +219,10 @@ class Actor:
             self.last_heard = time.monotonic()
             match msg:
                 case m.LeaseGrant():
-                    self.latest_version = max(self.latest_version, msg.latest_version)
+                    self._announce(msg.latest_version)
                     self.grants.put_nowait(msg)
                 case m.HeartbeatAck(latest_version=v):
-                    self.latest_version = max(self.latest_version, v)
+                    self._announce(v)
                 case m.Shutdown(reason=reason):
                     log.info("learner says shut down: %s", reason)
                     self.stopped.set()
@@ -211,6 +232,11 @@ class Actor:
                 case m.Welcome():
                     if not self.joined.is_set():
                         self._on_welcome(msg)
+
+    def _announce(self, version: int) -> None:
+        if version > self.latest_version:
+            self.latest_version = version
+            self.news.set()
 
     async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
         while True:
@@ -229,21 +255,18 @@ class Actor:
     async def _work_loop(self, welcome: m.Welcome) -> None:
         if self.client is None:  # heartbeats already run while the engine is built
             self.client, self.agent = await asyncio.to_thread(self._build, welcome)
+            self.built.set()
         want = self.cfg.actors.groups_per_request
         while True:
             await self.joined.wait()
-            if self.weights_stale or self.latest_version > self.client.version:
-                await self._sync_weights()
-                continue
+            await self._weights_at_least(0)  # any weights of this learner's run
             rejoined = self.rejoined
             await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
                                                                   max_groups=want)))
             grant = await self._next_grant(rejoined)
             if grant is None:
                 continue  # the learner restarted while our request was parked: ask again
-            need = max(lease.min_version for lease in grant.leases)
-            while self.weights_stale or self.client.version < need:
-                await self._sync_weights()
+            await self._weights_at_least(max(lease.min_version for lease in grant.leases))
             self.leases_held = len(grant.leases)
             results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
             for res in results:
@@ -263,6 +286,25 @@ class Actor:
         get.cancel()
         return None
 
+    async def _weights_loop(self) -> None:
+        """Fetch every newly announced version as soon as it is announced, concurrently with
+        generation: the engine takes it between batches (hf) or mid-request (vllm keep/abort)."""
+        await self.built.wait()
+        while True:
+            await self.joined.wait()
+            self.news.clear()
+            if self.weights_stale or self.latest_version > self.client.version:
+                await self._sync_weights()
+                self.loaded.set()
+                self.loaded = asyncio.Event()
+            else:
+                await self.news.wait()
+
+    async def _weights_at_least(self, version: int) -> None:
+        """Wait until the engine holds weights >= `version` from the current learner."""
+        while self.weights_stale or self.client.version < version:
+            await self.loaded.wait()
+
     async def _sync_weights(self) -> None:
         """Pull the newest weights from the learner (no-op if we have them). A reply that does
         not come within peer_timeout_s (learner gone) is abandoned and asked for again."""
@@ -276,6 +318,16 @@ class Actor:
             manifest = self.dec.weights.decode(await self.weights.recv())
             if isinstance(manifest, m.WeightManifest):
                 break  # anything else is the tail of an abandoned reply
+        if manifest.path:  # shared-filesystem weights: the notice names the file
+            if not Path(manifest.path).is_file():
+                log.warning("weights v%d: %s is not readable here (is transport.weights_dir on "
+                            "storage this node shares?); asking again", manifest.version,
+                            manifest.path)
+                return
+            await self.client.load_file(manifest.path, manifest.version)
+            self.weights_stale = False
+            log.info("loaded weights v%d from %s", manifest.version, manifest.path)
+            return
         if manifest.num_buckets == 0:  # we have the learner's newest version
             self.latest_version = manifest.version
             return

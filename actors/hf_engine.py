@@ -68,7 +68,7 @@ class HFEngine:
         gens = [torch.Generator(device=self.device).manual_seed(versioned_seed(r.seed, self.version))
                 for r in reqs]
         cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=prompts, cache=cache, use_cache=True).logits[:, -1]
+        logits = self.model(input_ids=prompts, past_key_values=cache, use_cache=True).logits[:, -1]
         finished = torch.zeros(len(reqs), dtype=torch.bool, device=self.device)
         steps = []
         for t in range(max_new):
@@ -79,7 +79,7 @@ class HFEngine:
             finished |= nxt == self.eos_id
             if bool(finished.all()) or t == max_new - 1:
                 break
-            logits = self.model(input_ids=nxt[:, None], cache=cache, use_cache=True).logits[:, -1]
+            logits = self.model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
         gen = torch.stack(steps, dim=1)
         P = prompts.shape[1]
         full = torch.full((len(reqs), P + max_new), self.pad_id, dtype=torch.long, device=self.device)

@@ -97,7 +97,17 @@ class ActorsConfig:
     num_local: int = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
     engine: str = "hf"
-    """Rollout engine: hf (transformers, CPU fallback) | simulated (no model; load tests, benchmarks)."""
+    """Rollout engine: hf (transformers, CPU fallback) | vllm | simulated (no model; load tests, benchmarks)."""
+    update_mode: str = "keep"
+    """vllm: how new weights reach running requests: wait (finish them first) | keep (pause,
+    swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
+    resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
+    vllm_kv_cache_gb: float = 1.0
+    """vllm: KV cache size in GiB (CPU or GPU memory)."""
+    vllm_enforce_eager: bool = True
+    """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
+    vllm_max_num_seqs: int = 256
+    """vllm: most sequences the scheduler runs at once."""
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
@@ -140,6 +150,12 @@ class TransportConfig:
     """ZMQ send/receive high-water mark (messages) on every socket."""
     weight_bucket_bytes: int = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
+    weights_via: str = "zmq"
+    """How actors get weights: zmq (buckets over the weights socket) | filesystem (safetensors
+    files in weights_dir, which every actor must see at the same path; the socket carries only
+    the version notice)."""
+    weights_dir: str = ""
+    """filesystem weights: shared directory for the version files (default: run_dir/weights)."""
     curve_server_secret: str = ""
     """Learner: its CURVE secret key file (from tether-keys); set to turn on CURVE."""
     curve_allowed_dir: str = ""
@@ -176,7 +192,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
-    "actors.engine": ("hf", "simulated"),
+    "actors.engine": ("hf", "vllm", "simulated"),
+    "actors.update_mode": ("wait", "keep", "abort"),
+    "transport.weights_via": ("zmq", "filesystem"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
     "actors.agent": ("single_turn",),
 }
@@ -212,6 +230,8 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)
     need(A.sim_latency_mean_s >= 0, "actors.sim_latency_mean_s", ">= 0", A.sim_latency_mean_s)
     need(A.sim_latency_sigma >= 0, "actors.sim_latency_sigma", ">= 0", A.sim_latency_sigma)
+    need(A.vllm_kv_cache_gb > 0, "actors.vllm_kv_cache_gb", "> 0", A.vllm_kv_cache_gb)
+    need(A.vllm_max_num_seqs >= 1, "actors.vllm_max_num_seqs", ">= 1", A.vllm_max_num_seqs)
     need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)

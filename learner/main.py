@@ -32,7 +32,7 @@ from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
 from learner.trainer import Trainer
-from transport.weights import pack
+from transport.weights import PackedWeights, pack, write_file
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def run(cfg: TetherConfig) -> dict:
     if state is not None:
         _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, backend.model.config.vocab_size, version)
-    server.publish(version, pack(backend.state_dict(), version, cfg.transport.weight_bucket_bytes))
+    server.publish(version, _weights(cfg, backend, version))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
@@ -95,8 +95,7 @@ def run(cfg: TetherConfig) -> dict:
             step_t0 = time.monotonic()
             m = trainer.step(groups, version)
             version += 1
-            server.publish(version, pack(backend.state_dict(), version,
-                                         cfg.transport.weight_bucket_bytes))
+            server.publish(version, _weights(cfg, backend, version))
             metrics.record(version, m, step_t0, server.snapshot(), buffer.counts())
             if cfg.learner.checkpoint_every and version % cfg.learner.checkpoint_every == 0:
                 _save_checkpoint(backend, server, run_dir, version)
@@ -118,6 +117,16 @@ def run(cfg: TetherConfig) -> dict:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     _log_summary(summary)
     return summary
+
+
+def _weights(cfg: TetherConfig, backend, version: int) -> PackedWeights:
+    """Version `version` as actors will fetch it: byte buckets, or a file on shared storage
+    (kept for max_staleness + 3 versions, so a slow actor still finds the one it was told)."""
+    t = cfg.transport
+    if t.weights_via == "filesystem":
+        directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
+        return write_file(backend.state_dict(), version, directory, keep=cfg.max_staleness + 3)
+    return pack(backend.state_dict(), version, t.weight_bucket_bytes)
 
 
 def _log_summary(summary: dict) -> None:

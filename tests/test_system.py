@@ -43,6 +43,23 @@ def test_learner_with_two_local_actors_trains_and_accounts(tmp_path, tiny_model_
     assert (run / "config.yaml").exists() and (run / "endpoints.json").exists()
 
 
+def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
+    """transport.weights_via=filesystem: actors read each version's safetensors file; the
+    socket carries only the notice, and old files are pruned to max_staleness + 3."""
+    run, shared = tmp_path / "run", tmp_path / "shared"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=8", "max_staleness=1",
+                       "transport.weights_via=filesystem", f"transport.weights_dir={shared}")
+    assert lp.finish(timeout=240) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["steps"] == 8 and s["rejected_messages"] == {}
+    _check_accounting(s)
+    files = sorted(p.name for p in shared.glob("v*.safetensors"))
+    assert files == [f"v{v:08d}.safetensors" for v in range(5, 9)], files
+    for log in sorted(glob.glob(str(run / "logs" / "actor-*.log"))):
+        loaded = re.findall(r"loaded weights v(\d+) from (\S+)", open(log).read())
+        assert loaded and all(path.startswith(str(shared)) for _, path in loaded), loaded
+
+
 def test_separate_actor_killed_and_restarted_rejoins(tmp_path, tiny_model_dir):
     """Learner and actor started as separate commands; SIGKILL the actor, start it again."""
     run = tmp_path / "run"

@@ -140,3 +140,25 @@ async def _load_async(engine, state, version):
 
     packed = pack(state, version, bucket_bytes=64 * 1024)
     await engine.load_packed(packed.manifest, list(packed.buckets))
+
+
+@pytest.mark.slow
+def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
+    """The #2 bar (same thresholds as test_system's HF run), with two vLLM actor processes
+    taking every new version in flight (update_mode keep)."""
+    import procs
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.update_mode=keep",
+                       "actors.vllm_kv_cache_gb=0.25", "learner.max_steps=300",
+                       "learner.checkpoint_every=0")
+    assert lp.finish(timeout=900) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["eval_reward_start"] <= 0.45
+    assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
+    assert s["accounting_ok"], s["groups"]
+    logs = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert len(logs) == 2, logs
+    for text in logs:  # both actors really ran vLLM and kept taking new versions
+        assert "VLLMEngine" in text or "vllm" in text.lower()
+        assert text.count("loaded weights v") >= 50, text[-3000:]

@@ -201,12 +201,16 @@ class TensorMeta(msgspec.Struct):
 
 class WeightManifest(msgspec.Struct, tag="manifest"):
     """Learner -> actor: version `version` follows as `num_buckets` WeightBucket messages.
-    `num_buckets == 0` means the actor already has the newest version."""
+
+    With shared-filesystem weights (`transport.weights_via: filesystem`) `path` names the
+    safetensors file of this version and no buckets follow. `num_buckets == 0` with no `path`
+    means the actor already has the newest version."""
 
     version: int
     tensors: list[TensorMeta]
     num_buckets: int
     total_bytes: int
+    path: str = ""
 
 
 class WeightBucket(msgspec.Struct, tag="bucket"):

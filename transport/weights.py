@@ -7,7 +7,9 @@ through Python objects. Only raw bytes + dtype + shape cross the wire, never pic
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -50,6 +52,25 @@ def pack(state: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> Pac
     manifest = WeightManifest(version=version, tensors=metas, num_buckets=len(buckets),
                               total_bytes=sum(len(b) for b in buckets))
     return PackedWeights(manifest=manifest, buckets=tuple(buckets))
+
+
+def write_file(state: dict[str, torch.Tensor], version: int, directory: Path,
+               keep: int) -> PackedWeights:
+    """Save version `version` as `directory/v{version}.safetensors` (atomically: readers never
+    see a partial file) and delete all but the newest `keep` versions. Returns the manifest
+    that tells actors where to read it."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"v{version:08d}.safetensors"
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp))
+    os.replace(tmp, path)
+    for old in sorted(directory.glob("v*.safetensors"))[:-keep]:
+        old.unlink()
+    manifest = WeightManifest(version=version, tensors=[], num_buckets=0,
+                              total_bytes=path.stat().st_size, path=str(path.resolve()))
+    return PackedWeights(manifest=manifest, buckets=())
 
 
 def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Tensor]:
