@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -135,14 +136,44 @@ def test_fsdp2_outside_torchrun_says_how_to_start(monkeypatch):
         distributed.start("single")
 
 
+def _learner_cmd(run, model_dir, *overrides: str) -> list[str]:
+    return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}", f"model.path={model_dir}",
+            "learner.backend=fsdp2", *overrides]
+
+
+@pytest.mark.slow
+def test_two_rank_learner_interrupted_then_resumed(tmp_path, tiny_model_dir):
+    """Ctrl-C to torchrun: rank 0 finishes its step, checkpoints with rank 1 and stops it;
+    `learner.resume=true` restores weights, optimizer, version, cursor and leases."""
+    run = tmp_path / "run"
+    first = procs.Proc(_learner_cmd(run, tiny_model_dir, "learner.max_steps=200",
+                                    "learner.log_every=1"), tmp_path / "first.log")
+    try:
+        first.wait_for(r"step 4/200", timeout=180)
+        first.p.send_signal(signal.SIGINT)  # torchrun passes it on to both ranks
+        first.finish(timeout=120)
+    finally:
+        first.kill()
+    stopped = procs.summary(run)
+    v = stopped["steps"]
+    assert stopped["end_reason"] == "interrupted" and 4 <= v < 200 and stopped["accounting_ok"]
+    assert f"rank 1: stop after {v} steps" in "".join(first.lines)
+    second = procs.Proc(_learner_cmd(run, tiny_model_dir, f"learner.max_steps={v + 3}",
+                                     "learner.resume=true"), tmp_path / "second.log")
+    second.wait_for(rf"resumed from .*step_{v} at v{v}", timeout=180)
+    assert second.finish(timeout=240) == 0, second.tail()
+    s = procs.summary(run)
+    assert s["steps"] == v + 3 and s["accounting_ok"]
+    assert s["eval_reward_start"] == stopped["eval_reward_end"]  # the same weights came back
+
+
 @pytest.mark.slow
 def test_two_rank_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}",
-            f"model.path={tiny_model_dir}", "learner.backend=fsdp2", "learner.max_steps=150",
-            "learner.checkpoint_every=0", "learner.log_every=25"]
-    lp = procs.Proc(args, tmp_path / "learner.log")
+    lp = procs.Proc(_learner_cmd(run, tiny_model_dir, "learner.max_steps=150",
+                                 "learner.checkpoint_every=0", "learner.log_every=25"),
+                    tmp_path / "learner.log")
     assert lp.finish(timeout=400) == 0, lp.tail()
     s = procs.summary(run)
     assert s["steps"] == 150 and s["accounting_ok"]
