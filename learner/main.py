@@ -7,6 +7,9 @@
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
 waits for every few seconds, so a stall is never silent), trains one step, and publishes the
 next version. The I/O thread (learner/server.py) never waits on the trainer.
+
+With `learner.backend=fsdp2` under torchrun, only rank 0 runs this loop (and owns sockets,
+buffer, leases, actors, files); the other ranks follow its commands (learner/distributed.py).
 """
 
 from __future__ import annotations
