@@ -19,12 +19,13 @@ import torch
 
 from buffer.replay import TrajGroup
 from configs.schema import TetherConfig
+from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.loss import LossNorm, group_advantages, policy_loss
 
 
 class Trainer:
-    def __init__(self, cfg: TetherConfig, backend, pad_id: int) -> None:
+    def __init__(self, cfg: TetherConfig, backend: Backend, pad_id: int) -> None:
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.backend = backend
