@@ -90,6 +90,8 @@ class LearnerConfig:
     """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
+    backend: str = "single"
+    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
 
 
 @dataclass
@@ -192,6 +194,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
+    "learner.backend": ("single", "fsdp2", "megatron"),
     "actors.engine": ("hf", "vllm", "simulated"),
     "actors.update_mode": ("wait", "keep", "abort"),
     "transport.weights_via": ("zmq", "filesystem"),
@@ -225,6 +228,8 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.minibatches >= 1 and L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
     need(L.epochs >= 1, "learner.epochs", ">= 1", L.epochs)
+    need(L.backend != "megatron", "learner.backend", "single or fsdp2 (megatron is reserved and "
+         "not implemented yet)", L.backend)
     need(L.checkpoint_every >= 0, "learner.checkpoint_every", ">= 0", L.checkpoint_every)
     need(L.log_every >= 1, "learner.log_every", ">= 1", L.log_every)
     need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)

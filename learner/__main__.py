@@ -2,11 +2,15 @@
 
 With actors.num_local > 0 it also starts that many actor processes on this node. The config is
 parsed before torch is imported, so --help and config errors are instant.
+
+Distributed (FSDP2): torchrun --nproc_per_node N -m learner -c CONFIG learner.backend=fsdp2
+(rank 0 owns the sockets and actors; see learner/distributed.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
@@ -26,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether-learner: {e}", file=sys.stderr)
         return 2
 
-    setup_process("learner")
+    rank = os.environ.get("RANK")
+    setup_process("learner" if rank is None else f"learner[rank{rank}]")
     from learner.main import run
 
     run(cfg)

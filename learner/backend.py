@@ -1,14 +1,17 @@
 """Training backends: own the model and optimizer; know nothing about RL.
 
 The trainer (learner/trainer.py) asks a backend for token logprobs, hands it a loss to step on,
-and asks for the full state dict to publish. `SingleProcessBackend` is one process on one
-device; an FSDP2 backend implements the same methods over a sharded model.
+and asks for the full weights to publish: the `Backend` protocol below. `SingleProcessBackend`
+is one process on one device; `FSDP2Backend` (learner/fsdp.py) implements the same calls over a
+model sharded across torchrun ranks.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,11 +19,51 @@ from safetensors.torch import load_file, save_file
 from models.logprobs import token_logprobs
 
 
+class Backend(Protocol):
+    """What the trainer and the learner loop need from a training backend.
+
+    Every call is made on every rank of the learner in the same order (the collective calls
+    of a distributed backend rely on it); only rank 0 writes files other than its shards."""
+
+    device: torch.device
+    """Where batches go before `logprobs`."""
+    dp_rank: int
+    """This rank's index among the data-parallel ranks (they split each minibatch)."""
+    dp_size: int
+    """Number of data-parallel ranks; 1 = the trainer does not split batches."""
+
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
+        """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
+        global-norm clipping, optimizer step; returns the global gradient norm before clipping."""
+
+    def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Per-rank shares of the loss statistics -> minibatch values (sum; max for `*_max`)."""
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full (unsharded) weights one tensor at a time, without tied duplicates."""
+
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        """Model + optimizer into directory `path`; rank 0 also writes `extra` (state.json)."""
+
+    def load_checkpoint(self, path: Path) -> dict:
+        """Restore model + optimizer from `path`; returns the `extra` saved with it."""
+
+    def export_hf(self, path: Path) -> None:
+        """The current policy as an HF model directory (rank 0 writes it)."""
+
+
 class SingleProcessBackend:
+    dp_rank = 0
+    dp_size = 1
+
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
+        self.device = torch.device("cpu")
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         self.model.train()
@@ -41,6 +84,12 @@ class SingleProcessBackend:
                                   if p.grad is not None))
         self.optimizer.step()
         return float(norm)
+
+    def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return stats
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self.state_dict().items()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights for publishing, without tied duplicates."""

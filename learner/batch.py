@@ -28,11 +28,23 @@ class TokenBatch:
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
 
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(input_ids=self.input_ids.to(device), mask=self.mask.to(device),
+                          behavior=self.behavior.to(device), versions=self.versions.to(device),
+                          rewards=self.rewards.to(device), num_groups=self.num_groups)
 
-def collate(groups: list[TrajGroup], pad_id: int) -> TokenBatch:
+
+def padded_length(groups: list[TrajGroup]) -> int:
+    """The row length `collate` pads `groups` to: the longest prompt + completion."""
+    return max(len(g.prompt_ids) + len(c) for g in groups for c in g.completions)
+
+
+def collate(groups: list[TrajGroup], pad_id: int, length: int | None = None) -> TokenBatch:
+    """Pad to `length` (default: `padded_length(groups)`); a data-parallel shard passes its whole
+    minibatch's length so that its rows are exactly the single-process rows."""
     rows = [(g.prompt_ids, c, lp, v, lm) for g in groups
             for c, lp, v, lm in zip(g.completions, g.logprobs, g.versions, g.loss_masks)]
-    length = max(len(p) + len(c) for p, c, *_ in rows)
+    length = padded_length(groups) if length is None else length
     ids = np.full((len(rows), length), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), length - 1), dtype=np.float32)
     behavior = np.zeros((len(rows), length - 1), dtype=np.float32)

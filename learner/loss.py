@@ -11,9 +11,15 @@ step, recomputed), mu (behavior: the logprob the actor's engine sampled with).
   mask       clip on pi_theta/pi_prox; tokens (or sequences) whose pi_prox/mu leaves
              [mask_low, mask_high] get weight 0.
 Weights can be token- or sequence-level and are multiplied by staleness_decay**staleness.
+
+Data parallelism: a rank that holds only part of a minibatch passes the minibatch's `LossNorm`;
+its loss and statistics are then its share of the minibatch's (sums over its tokens divided by
+the global counts), and the shares summed over ranks equal the single-process values.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -33,13 +39,26 @@ def group_advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"unknown advantage estimator {kind!r}")
 
 
+@dataclass(frozen=True)
+class LossNorm:
+    """The denominators of a whole minibatch, for a rank that holds only part of it."""
+
+    tokens: float
+    """Masked (trained-on) tokens in the whole minibatch (token_mean, statistics)."""
+    rows: int
+    """Sequences in the whole minibatch (seq_mean_token_mean, constant)."""
+
+
 def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor,
-                cfg: LearnerConfig, max_new_tokens: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                cfg: LearnerConfig, max_new_tokens: int,
+                norm: LossNorm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level clipped policy loss.
 
     logp, behavior, prox, mask, staleness: (batch, tokens); advantages: (batch,).
-    Returns the scalar loss and detached statistics (means over masked tokens)."""
+    Returns the scalar loss and detached statistics (means over masked tokens). With `norm`
+    (a data-parallel shard) both are this shard's share of the minibatch's values: sum them
+    over ranks (`is_weight_max`: take the max)."""
     adv = advantages[:, None]
     with torch.no_grad():
         log_w = (prox - behavior) * mask
@@ -67,9 +86,9 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
         if cfg.dual_clip:
             pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip), pg)
     token_loss = pg * weight
-    loss = aggregate(token_loss, mask, cfg.loss_agg, max_new_tokens)
+    loss = aggregate(token_loss, mask, cfg.loss_agg, max_new_tokens, norm)
     with torch.no_grad():
-        n = mask.sum().clamp(min=1)
+        n = mask.sum().clamp(min=1) if norm is None else max(norm.tokens, 1.0)
         r = torch.exp(prox - behavior)
         stats = {
             "clip_frac": (clipped.float() * mask).sum() / n,
@@ -84,7 +103,10 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
     return loss, stats
 
 
-def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int) -> torch.Tensor:
+def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int,
+              norm: LossNorm | None = None) -> torch.Tensor:
+    if norm is not None:
+        return _aggregate_share(token_loss, mask, kind, max_new_tokens, norm)
     if kind == "token_mean":
         return (token_loss * mask).sum() / mask.sum().clamp(min=1)
     if kind == "seq_mean_token_mean":
@@ -92,4 +114,17 @@ def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_t
         return per_seq.mean()
     if kind == "constant":
         return (token_loss * mask).sum() / (mask.shape[0] * max_new_tokens)
+    raise ValueError(f"unknown loss aggregation {kind!r}")
+
+
+def _aggregate_share(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int,
+                     norm: LossNorm) -> torch.Tensor:
+    """This shard's share of `aggregate` over the whole minibatch described by `norm`."""
+    if kind == "token_mean":
+        return (token_loss * mask).sum() / max(norm.tokens, 1.0)
+    if kind == "seq_mean_token_mean":
+        per_seq = (token_loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return per_seq.sum() / norm.rows
+    if kind == "constant":
+        return (token_loss * mask).sum() / (norm.rows * max_new_tokens)
     raise ValueError(f"unknown loss aggregation {kind!r}")

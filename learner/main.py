@@ -7,6 +7,9 @@
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
 waits for every few seconds, so a stall is never silent), trains one step, and publishes the
 next version. The I/O thread (learner/server.py) never waits on the trainer.
+
+With `learner.backend=fsdp2` under torchrun, only rank 0 runs this loop (and owns sockets,
+buffer, leases, actors, files); the other ranks follow its commands (learner/distributed.py).
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ import torch
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner.backend import SingleProcessBackend
+from learner import distributed
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
 from learner.trainer import Trainer
-from transport.weights import PackedWeights, pack, write_file
+from transport.weights import PackedWeights, unpack, write_file
 
 log = logging.getLogger(__name__)
 
@@ -40,65 +43,88 @@ WAIT_LOG_S = 5.0
 """While waiting for trajectories, say what is missing this often."""
 
 
-def run(cfg: TetherConfig) -> dict:
+def run(cfg: TetherConfig) -> dict | None:
+    """Run the learner; returns the summary on rank 0 and None on the other ranks."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
     torch.set_num_threads(1)
     t0 = time.monotonic()
+    ranks = distributed.start(cfg.learner.backend)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    model_dir = ensure_model(cfg)
+    if ranks.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        ensure_model(cfg)
+    distributed.barrier(ranks)
+    model_dir = Path(cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    L = cfg.learner
+    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks)
+    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
+    checkpoint = _latest_checkpoint(run_dir) if L.resume else None
+    if ranks.rank > 0:
+        if checkpoint is not None:
+            backend.load_checkpoint(checkpoint)
+        distributed.follow(trainer, backend, ranks)
+        distributed.close(ranks)
+        return None
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
+    team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
+    summary = _lead(cfg, team, tokenizer, checkpoint, t0)
+    distributed.close(ranks)
+    return summary
 
-    from transformers import AutoTokenizer
 
+def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
+          t0: float) -> dict:
+    """Rank 0: the sockets, the buffer and the training loop."""
     from actors.hf_engine import HFEngine
     from tasks import make_task
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
     task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
-    backend = SingleProcessBackend(model_dir, cfg.learner.lr, cfg.learner.weight_decay,
-                                   cfg.learner.seed)
-    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
     buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness, cfg.buffer.max_reuse,
                           cfg.buffer.sampling, seed=cfg.learner.seed)
     leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
                         cfg.max_staleness)
     version = 0
-    state = _latest_checkpoint(run_dir) if cfg.learner.resume else None
-    if state is not None:
-        version = _restore(backend, leases, buffer, state)
+    if checkpoint is not None:
+        version = _restore(team.backend, leases, buffer, checkpoint)
+    packed = team.publish(version)
     eval_engine = HFEngine(model_dir)
-    eval_engine.load_weights(backend.state_dict(), version)
-    eval_start = evaluate(eval_engine, task, cfg)
+    eval_start = _evaluate(eval_engine, packed, task, cfg)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
-    if state is not None:
+    if checkpoint is not None:
         _reuse_ports(cfg, run_dir)
-    server = LearnerServer(cfg, buffer, leases, model_dir, backend.model.config.vocab_size, version)
-    server.publish(version, _weights(cfg, backend, version))
+    server = LearnerServer(cfg, buffer, leases, model_dir, team.backend.model.config.vocab_size,
+                           version)
+    server.publish(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = _spawn_local_actors(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
-                         resume_version=version if state is not None else None)
+                         resume_version=version if checkpoint is not None else None)
     reason = "finished"
     try:
         while version < cfg.learner.max_steps:
+            team.check_interrupt()
             groups = buffer.take(cfg.learner.prompts_per_step, version, timeout=WAIT_LOG_S)
             if groups is None:
                 _log_waiting(server, buffer, version, actors)
+                team.idle()
                 continue
             step_t0 = time.monotonic()
-            m = trainer.step(groups, version)
+            m = team.step(groups, version)
             version += 1
-            server.publish(version, _weights(cfg, backend, version))
+            packed = team.publish(version)
+            server.publish(version, _for_actors(cfg, packed))
             metrics.record(version, m, step_t0, server.snapshot(), buffer.counts())
             if cfg.learner.checkpoint_every and version % cfg.learner.checkpoint_every == 0:
-                _save_checkpoint(backend, server, run_dir, version)
+                _save_checkpoint(team, server, run_dir, version)
     except KeyboardInterrupt:
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", version)
@@ -108,10 +134,10 @@ def run(cfg: TetherConfig) -> dict:
         metrics.close()
         _reap(actors)
     if not (run_dir / "checkpoints" / f"step_{version}").exists():
-        _save_checkpoint(backend, server, run_dir, version)
-    eval_engine.load_weights(backend.state_dict(), version)
-    eval_end = evaluate(eval_engine, task, cfg)
-    backend.export_hf(run_dir / "final_model")
+        _save_checkpoint(team, server, run_dir, version)
+    eval_end = _evaluate(eval_engine, packed, task, cfg)
+    team.export_hf(run_dir / "final_model")
+    team.stop()
     summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
                        metrics, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -119,14 +145,22 @@ def run(cfg: TetherConfig) -> dict:
     return summary
 
 
-def _weights(cfg: TetherConfig, backend, version: int) -> PackedWeights:
-    """Version `version` as actors will fetch it: byte buckets, or a file on shared storage
-    (kept for max_staleness + 3 versions, so a slow actor still finds the one it was told)."""
+def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
+    """Version `packed` as actors will fetch it: the byte buckets themselves, or a file on
+    shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
+    it was told about)."""
     t = cfg.transport
-    if t.weights_via == "filesystem":
-        directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
-        return write_file(backend.state_dict(), version, directory, keep=cfg.max_staleness + 3)
-    return pack(backend.state_dict(), version, t.weight_bucket_bytes)
+    if t.weights_via != "filesystem":
+        return packed
+    directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
+    state = unpack(packed.manifest, list(packed.buckets))
+    return write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
+
+
+def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig) -> float:
+    """Held-out reward of the published weights `packed` (no second gather of the model)."""
+    engine.load_weights(unpack(packed.manifest, list(packed.buckets)), packed.manifest.version)
+    return evaluate(engine, task, cfg)
 
 
 def _log_summary(summary: dict) -> None:
@@ -184,7 +218,9 @@ def _log_waiting(server: LearnerServer, buffer: ReplayBuffer, version: int,
 
 
 def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    """Complete checkpoints, oldest first (a `step_N.tmp` left by a crash is not one)."""
+    dirs = [p for p in (run_dir / "checkpoints").glob("step_*") if p.name[5:].isdigit()]
+    return sorted(dirs, key=lambda p: int(p.name[5:]))
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -194,12 +230,13 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
     return dirs[-1]
 
 
-def _save_checkpoint(backend, server: LearnerServer, run_dir: Path, version: int) -> None:
+def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: Path,
+                     version: int) -> None:
     snap = server.snapshot()
     state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
     tmp = path.with_name(path.name + ".tmp")
-    backend.save_checkpoint(tmp, {"version": version, **state})
+    team.save_checkpoint(tmp, {"version": version, **state})
     np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
         import shutil

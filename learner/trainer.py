@@ -5,6 +5,11 @@
 
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
+
+Data parallelism (backend.dp_size > 1): every rank is given the whole batch and trains on its
+share of each minibatch (whole groups, since advantages are per group), with the loss scaled
+by the whole minibatch's token/sequence counts; the backend sums gradients over ranks, so a
+step equals the single-process step on the whole batch (tests/test_fsdp.py).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import torch
 
 from buffer.replay import TrajGroup
 from configs.schema import TetherConfig
-from learner.batch import TokenBatch, collate
-from learner.loss import group_advantages, policy_loss
+from learner.backend import Backend
+from learner.batch import TokenBatch, collate, padded_length
+from learner.loss import LossNorm, group_advantages, policy_loss
 
 
 class Trainer:
-    def __init__(self, cfg: TetherConfig, backend, pad_id: int) -> None:
+    def __init__(self, cfg: TetherConfig, backend: Backend, pad_id: int) -> None:
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.backend = backend
@@ -29,15 +35,14 @@ class Trainer:
         """Train on `groups` at policy `version`; returns this step's metrics."""
         L, T = self.lcfg, self.cfg.task.temperature
         per_mb = len(groups) // L.minibatches
-        minibatches = [collate(groups[i:i + per_mb], self.pad_id)
-                       for i in range(0, len(groups), per_mb)]
+        minibatches = [self._shard(groups[i:i + per_mb]) for i in range(0, len(groups), per_mb)]
         with torch.no_grad():
-            proxes = [self.backend.logprobs(mb.input_ids, T) for mb in minibatches]
+            proxes = [self.backend.logprobs(mb.input_ids, T) for mb, _ in minibatches]
         sums: dict[str, float] = {}
         count = 0
         for _ in range(L.epochs):
-            for mb, prox in zip(minibatches, proxes):
-                stats = self._minibatch(mb, prox, version)
+            for (mb, norm), prox in zip(minibatches, proxes):
+                stats = self._minibatch(mb, norm, prox, version)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
@@ -50,16 +55,31 @@ class Trainer:
         metrics["reused_frac"] = float(np.mean([g.uses > 1 for g in groups]))
         return metrics
 
-    def _minibatch(self, mb: TokenBatch, prox: torch.Tensor, version: int) -> dict[str, float]:
+    def _shard(self, groups: list[TrajGroup]) -> tuple[TokenBatch, LossNorm | None]:
+        """This rank's part of a minibatch, and the whole minibatch's counts (None: no split).
+        Rows are padded to the whole minibatch's length, as in a single process."""
+        rank, size = self.backend.dp_rank, self.backend.dp_size
+        if size == 1:
+            return collate(groups, self.pad_id).to(self.backend.device), None
+        if len(groups) < size:
+            raise ValueError(f"a minibatch of {len(groups)} groups (learner.prompts_per_step / "
+                             f"learner.minibatches) cannot be split over {size} data-parallel ranks")
+        norm = LossNorm(tokens=float(sum(lm.sum() for g in groups for lm in g.loss_masks)),
+                        rows=sum(len(g.completions) for g in groups))
+        mine = groups[rank * len(groups) // size:(rank + 1) * len(groups) // size]
+        return collate(mine, self.pad_id, padded_length(groups)).to(self.backend.device), norm
+
+    def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prox: torch.Tensor,
+                   version: int) -> dict[str, float]:
         L = self.lcfg
         adv = group_advantages(mb.rewards, L.advantage).reshape(-1)
         logp = self.backend.logprobs(mb.input_ids, self.cfg.task.temperature)
         staleness = (version - mb.versions) * mb.mask.long()
         loss, stats = policy_loss(logp, mb.behavior, prox, adv, mb.mask, staleness, L,
-                                  self.cfg.task.max_new_tokens)
+                                  self.cfg.task.max_new_tokens, norm)
         grad_norm = self.backend.step(loss, L.max_grad_norm)
-        out = {k: float(v) for k, v in stats.items()}
-        out["loss"] = float(loss.detach())
+        stats["loss"] = loss.detach()
+        out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
         out["grad_norm"] = grad_norm
         return out
 

@@ -27,6 +27,8 @@ def test_preset_loads_and_overrides_apply():
     (["max_staleness=-1"], "max_staleness must be >= 0, got -1"),
     (["learner.correction=magic"], "learner.correction must be one of"),
     (["learner.minibatches=3"], "learner.minibatches must be"),
+    (["learner.backend=megatron"], "learner.backend must be single or fsdp2 (megatron is reserved and not implemented"),
+    (["learner.backend=deepspeed"], "learner.backend must be one of single, fsdp2, megatron"),
     (["learner.lr"], "must look like section.field=value"),
     (["learner=3"], "learner must be a mapping"),
 ])

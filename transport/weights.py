@@ -8,6 +8,7 @@ through Python objects. Only raw bytes + dtype + shape cross the wire, never pic
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +30,16 @@ class PackedWeights:
     buckets: tuple[bytes, ...]
 
 
-def pack(state: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> PackedWeights:
-    """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own)."""
+def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int,
+         bucket_bytes: int) -> PackedWeights:
+    """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own).
+    `state` may be a generator of (name, tensor): each tensor is needed only until it is packed,
+    so a sharded learner can gather one full tensor at a time."""
     metas: list[TensorMeta] = []
     buckets: list[bytes] = []
     current: list[bytes] = []
     size = 0
-    for name, t in state.items():
+    for name, t in (state.items() if isinstance(state, Mapping) else state):
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in _DTYPES:
             raise ValueError(f"cannot send tensor {name} of dtype {t.dtype}")

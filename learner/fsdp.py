@@ -1,0 +1,140 @@
+"""FSDP2 backend: the policy sharded over the learner's torchrun ranks (data parallel).
+
+    every rank:  logprobs(own rows) -> loss share -> backward -> reduce-scatter (sum) -> AdamW
+                 on its shards; publishing all-gathers one parameter at a time (rank 0 keeps it)
+
+Each decoder layer and then the root are `fully_shard`ed over a 1-D mesh of all ranks (gloo on
+CPU, NCCL on GPUs). Gradients are summed over ranks, not averaged: the trainer gives each rank
+its share of the minibatch loss (learner/loss.py `LossNorm`), so the sum is the single-process
+gradient. Clipping uses the global norm over all shards.
+
+Checkpoints are `torch.distributed.checkpoint` directories (each rank writes its shards of the
+model and the AdamW state; they load into any number of ranks). The run directory must be on a
+filesystem every rank sees.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from models.logprobs import token_logprobs
+
+
+class FSDP2Backend:
+    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
+                 device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.device = device
+        self.dp_rank = dist.get_rank()
+        self.dp_size = dist.get_world_size()
+        self.model_dir = Path(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        model.to(device).train()
+        mesh = init_device_mesh(device.type, (self.dp_size,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):  # sum, not average, over ranks (see docstring)
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        return token_logprobs(self.model, input_ids.to(self.device), temperature)
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
+        """Backward + optimizer step; returns the global gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
+        self.optimizer.step()
+        return float(norm)
+
+    def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for op, keys in ((dist.ReduceOp.SUM, [k for k in stats if not k.endswith("_max")]),
+                         (dist.ReduceOp.MAX, [k for k in stats if k.endswith("_max")])):
+            if keys:  # the same keys on every rank
+                t = torch.stack([stats[k].detach().float() for k in keys]).to(self.device)
+                dist.all_reduce(t, op=op)
+                out.update(zip(keys, t.cpu()))
+        return {k: out[k] for k in stats}
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """All-gathers one tensor at a time (a collective: every rank must iterate to the end)."""
+        tied = self.model.config.tie_word_embeddings
+        for name, t in self.model.state_dict().items():
+            if tied and name == "lm_head.weight":
+                continue
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+
+    def save_checkpoint(self, path: Path, extra: dict) -> None:
+        # A fresh AdamW has no state; get_state_dict would create it with a zero-gradient step
+        # (step count 1), which would change the run. Then only the model is saved.
+        with_optimizer = bool(self.optimizer.state)
+        state = self._dcp_state(with_optimizer)
+        dcp.save(state, checkpoint_id=str(path / "dcp"))
+        if self.dp_rank == 0:
+            (path / "backend.json").write_text(json.dumps(
+                {"backend": "fsdp2", "ranks": self.dp_size, "optimizer": with_optimizer}))
+            (path / "state.json").write_text(json.dumps(extra, indent=1))
+        dist.barrier()
+
+    def load_checkpoint(self, path: Path) -> dict:
+        if not (path / "backend.json").exists():
+            raise ValueError(f"checkpoint {path} was not written by the fsdp2 backend "
+                             f"(no backend.json); resume it with learner.backend=single")
+        with_optimizer = json.loads((path / "backend.json").read_text())["optimizer"]
+        state = self._dcp_state(with_optimizer)
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        if with_optimizer:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        else:
+            set_model_state_dict(self.model, state["model"])
+        return json.loads((path / "state.json").read_text())
+
+    def _dcp_state(self, with_optimizer: bool) -> dict:
+        if not with_optimizer:
+            return {"model": get_model_state_dict(self.model)}
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optim_state}
+
+    def export_hf(self, path: Path) -> None:
+        """Rank 0 writes safetensors + config + tokenizer; the full weights exist only there."""
+        tensors = {}
+        for name, t in self.named_full_tensors():
+            if self.dp_rank == 0:
+                tensors[name] = t.contiguous()
+        if self.dp_rank == 0:
+            from transformers import AutoTokenizer
+
+            path.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+            self.model.config.save_pretrained(path)
+            if (self.model_dir / "generation_config.json").exists():
+                shutil.copy(self.model_dir / "generation_config.json", path)
+            AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(path)
+        dist.barrier()

@@ -1,0 +1,130 @@
+"""Run under torchrun by tests/test_fsdp.py: the FSDP2 backend + Trainer on a fixed batch sequence.
+
+    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py train  OUT MODEL_DIR
+    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT MODEL_DIR
+
+train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
+        and the full gradients go to OUT/grads_{agg}.*; (2) STEPS steps on batches 0..STEPS-1,
+        a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export.
+resume: a fresh process group loads OUT/ckpt and trains batches CKPT_AT..STEPS-1.
+Only rank 0 writes files (besides the checkpoint's shards).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from buffer.replay import TrajGroup
+from configs.loader import load_config
+from learner import distributed
+from learner.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET = ROOT / "configs" / "toy_reverse.yaml"
+STEPS = 6
+CKPT_AT = 3
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "constant")
+TRAIN_OVERRIDES = ["learner.prompts_per_step=8", "learner.group_size=4", "learner.minibatches=2",
+                   "learner.correction=decoupled", "learner.max_grad_norm=0.5"]
+"""The N-step run: two optimizer steps per batch, clipping by global norm active."""
+
+
+def config(model_dir: Path, *overrides: str):
+    return load_config(PRESET, [f"model.path={model_dir}", *TRAIN_OVERRIDES, *overrides])
+
+
+def synthetic_groups(cfg, step: int) -> list[TrajGroup]:
+    """A deterministic batch for `step`: task prompts, random completions of varying length,
+    behavior logprobs, versions step-1..step, a few masked tokens, rewards in quarters."""
+    from transformers import AutoTokenizer
+
+    from tasks import make_task
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=0)
+    rng = np.random.default_rng(1000 + step)
+    L, T = cfg.learner, cfg.task.max_new_tokens
+    groups = []
+    for k in range(L.prompts_per_step):
+        p = task.train_prompt(step * L.prompts_per_step + k)
+        lens = rng.integers(1, T + 1, size=L.group_size)
+        comps = [rng.integers(4, 16, size=n).astype(np.int64) for n in lens]
+        masks = [(rng.random(n) > 0.1).astype(np.float32) for n in lens]
+        groups.append(TrajGroup(
+            lease_id=k, prompt_id=p.prompt_id, actor_id="synthetic",
+            prompt_ids=p.token_ids.astype(np.int64), completions=comps,
+            logprobs=[np.log(rng.uniform(0.05, 1.0, size=n)).astype(np.float32) for n in lens],
+            versions=[np.maximum(step - rng.integers(0, 2, size=n), 0).astype(np.int64)
+                      for n in lens],
+            loss_masks=masks, rewards=(rng.integers(0, 5, size=L.group_size) / 4).astype(np.float32)))
+    return groups
+
+
+def full_grads(backend) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+            for n, p in backend.model.named_parameters()}
+
+
+def make(cfg, ranks):
+    L = cfg.learner
+    backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
+                                       L.seed, ranks)
+    return backend, Trainer(cfg, backend, pad_id=0)
+
+
+def write(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    if dist.get_rank() == 0:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / name))
+
+
+def train(out: Path, model_dir: Path, ranks) -> None:
+    for agg in LOSS_AGGS:
+        cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
+                     f"learner.loss_agg={agg}")
+        backend, trainer = make(cfg, ranks)
+        metrics = trainer.step(synthetic_groups(cfg, 0), 0)
+        grads = full_grads(backend)
+        write(out, f"grads_{agg}.safetensors", grads)
+        if ranks.rank == 0:
+            (out / f"grads_{agg}.json").write_text(json.dumps(metrics))
+    cfg = config(model_dir)
+    backend, trainer = make(cfg, ranks)
+    rows = []
+    for step in range(STEPS):
+        rows.append(trainer.step(synthetic_groups(cfg, step), step))
+        write(out, f"train_{step + 1}.safetensors", dict(backend.named_full_tensors()))
+        if step + 1 == CKPT_AT:
+            backend.save_checkpoint(out / "ckpt", {"version": CKPT_AT})
+    backend.export_hf(out / "hf")
+    if ranks.rank == 0:
+        (out / "train_metrics.json").write_text(json.dumps(rows))
+
+
+def resume(out: Path, model_dir: Path, ranks) -> None:
+    cfg = config(model_dir)
+    backend, trainer = make(cfg, ranks)
+    state = backend.load_checkpoint(out / "ckpt")
+    for step in range(state["version"], STEPS):
+        trainer.step(synthetic_groups(cfg, step), step)
+    write(out, "resume_final.safetensors", dict(backend.named_full_tensors()))
+
+
+def main() -> None:
+    mode, out, model_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    torch.set_num_threads(1)
+    ranks = distributed.start("fsdp2")
+    {"train": train, "resume": resume}[mode](out, model_dir, ranks)
+    distributed.close(ranks)
+
+
+if __name__ == "__main__":
+    main()

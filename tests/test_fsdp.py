@@ -1,0 +1,183 @@
+"""The FSDP2 learner backend on 2 CPU ranks (gloo), in real torchrun process groups.
+
+A data-parallel FSDP2 step on a batch equals the single-process step on the whole batch (loss,
+gradients, weights after N steps); a checkpoint resumed by fresh processes continues bitwise
+like the uninterrupted run; the whole learner (rank 0 with sockets + a follower rank) learns
+the toy task with two actors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fsdp_worker
+import procs
+from learner import distributed
+from learner.backend import SingleProcessBackend
+from learner.trainer import Trainer
+
+TOL = 1e-5
+
+
+def _torchrun(*args: str, timeout: float = 300) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node", "2", *args], cwd=procs.ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, tiny_model_dir):
+    """One torchrun of tests/fsdp_worker.py train (grads, N steps, checkpoint, HF export)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    _torchrun("tests/fsdp_worker.py", "train", str(out), str(tiny_model_dir))
+    return out
+
+
+def _single(cfg):
+    L = cfg.learner
+    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed)
+    return backend, Trainer(cfg, backend, pad_id=0)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("agg", fsdp_worker.LOSS_AGGS)
+def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
+    cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
+                             f"learner.loss_agg={agg}")
+    backend, trainer = _single(cfg)
+    ref = trainer.step(fsdp_worker.synthetic_groups(cfg, 0), 0)
+    got = json.loads((fsdp_run / f"grads_{agg}.json").read_text())
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k] == pytest.approx(ref[k], rel=TOL, abs=TOL), k
+    grads = {n: p.grad for n, p in backend.model.named_parameters()}
+    assert min(g.abs().max().item() for g in grads.values()) > 0  # every tensor gets a gradient
+    assert _max_diff(load_file(str(fsdp_run / f"grads_{agg}.safetensors")), grads) <= TOL
+
+
+def test_weights_after_n_steps_equal_single_process(fsdp_run, tiny_model_dir):
+    cfg = fsdp_worker.config(tiny_model_dir)
+    backend, trainer = _single(cfg)
+    rows = [trainer.step(fsdp_worker.synthetic_groups(cfg, s), s) for s in range(fsdp_worker.STEPS)]
+    assert any(r["grad_norm"] > cfg.learner.max_grad_norm for r in rows)  # clipping was active
+    got = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
+    ref = backend.state_dict()
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert _max_diff(got, ref) <= TOL
+    assert _max_diff(ref, initial) > 100 * TOL  # the weights really moved
+    fsdp_rows = json.loads((fsdp_run / "train_metrics.json").read_text())
+    for r, f in zip(rows, fsdp_rows):
+        assert f["grad_norm"] == pytest.approx(r["grad_norm"], rel=TOL)
+        assert f["loss"] == pytest.approx(r["loss"], rel=TOL, abs=TOL)
+
+
+def test_hf_export_from_rank0_loads_with_transformers(fsdp_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(fsdp_run / "hf", dtype=torch.float32)
+    AutoTokenizer.from_pretrained(fsdp_run / "hf")
+    final = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in final.items())
+
+
+def test_checkpoint_resumed_by_fresh_processes_is_bitwise_exact(fsdp_run, tiny_model_dir):
+    """Checkpoint (model + AdamW state, sharded) after step 3 of 6; new processes load it and
+    train steps 4-6: the weights equal the uninterrupted run's bit for bit."""
+    meta = json.loads((fsdp_run / "ckpt" / "backend.json").read_text())
+    assert meta == {"backend": "fsdp2", "ranks": 2, "optimizer": True}
+    at_ckpt = load_file(str(fsdp_run / f"train_{fsdp_worker.CKPT_AT}.safetensors"))
+    uninterrupted = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
+    _torchrun("tests/fsdp_worker.py", "resume", str(fsdp_run), str(tiny_model_dir))
+    resumed = load_file(str(fsdp_run / "resume_final.safetensors"))
+    assert _max_diff(uninterrupted, at_ckpt) > 0
+    for k, v in uninterrupted.items():
+        assert torch.equal(resumed[k], v), k
+
+
+def test_groups_cross_ranks_unchanged(tiny_model_dir):
+    cfg = fsdp_worker.config(tiny_model_dir)
+    groups = fsdp_worker.synthetic_groups(cfg, 2)
+    back = distributed.unpack_groups(*distributed.pack_groups(groups))
+    assert len(back) == len(groups)
+    for g, b in zip(groups, back):
+        assert (g.lease_id, g.prompt_id, g.uses) == (b.lease_id, b.prompt_id, b.uses)
+        np.testing.assert_array_equal(g.prompt_ids, b.prompt_ids)
+        np.testing.assert_array_equal(g.rewards, b.rewards)
+        for name in ("completions", "logprobs", "versions", "loss_masks"):
+            for x, y in zip(getattr(g, name), getattr(b, name), strict=True):
+                np.testing.assert_array_equal(x, y)
+                assert x.dtype == y.dtype
+
+
+def test_fsdp2_outside_torchrun_says_how_to_start(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
+        distributed.start("fsdp2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="use learner.backend=fsdp2"):
+        distributed.start("single")
+
+
+def _learner_cmd(run, model_dir, *overrides: str) -> list[str]:
+    return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}", f"model.path={model_dir}",
+            "learner.backend=fsdp2", *overrides]
+
+
+@pytest.mark.slow
+def test_two_rank_learner_interrupted_then_resumed(tmp_path, tiny_model_dir):
+    """Ctrl-C to torchrun: rank 0 finishes its step, checkpoints with rank 1 and stops it;
+    `learner.resume=true` restores weights, optimizer, version, cursor and leases."""
+    run = tmp_path / "run"
+    first = procs.Proc(_learner_cmd(run, tiny_model_dir, "learner.max_steps=200",
+                                    "learner.log_every=1"), tmp_path / "first.log")
+    try:
+        first.wait_for(r"step 4/200", timeout=180)
+        first.p.send_signal(signal.SIGINT)  # torchrun passes it on to both ranks
+        first.finish(timeout=120)
+    finally:
+        first.kill()
+    stopped = procs.summary(run)
+    v = stopped["steps"]
+    assert stopped["end_reason"] == "interrupted" and 4 <= v < 200 and stopped["accounting_ok"]
+    assert f"rank 1: stop after {v} steps" in "".join(first.lines)
+    second = procs.Proc(_learner_cmd(run, tiny_model_dir, f"learner.max_steps={v + 3}",
+                                     "learner.resume=true"), tmp_path / "second.log")
+    second.wait_for(rf"resumed from .*step_{v} at v{v}", timeout=180)
+    assert second.finish(timeout=240) == 0, second.tail()
+    s = procs.summary(run)
+    assert s["steps"] == v + 3 and s["accounting_ok"]
+    assert s["eval_reward_start"] == stopped["eval_reward_end"]  # the same weights came back
+
+
+@pytest.mark.slow
+def test_two_rank_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    lp = procs.Proc(_learner_cmd(run, tiny_model_dir, "learner.max_steps=150",
+                                 "learner.checkpoint_every=0", "learner.log_every=25"),
+                    tmp_path / "learner.log")
+    assert lp.finish(timeout=400) == 0, lp.tail()
+    s = procs.summary(run)
+    assert s["steps"] == 150 and s["accounting_ok"]
+    assert s["eval_reward_end"] > s["eval_reward_start"] + 0.2, s
+    assert (run / "checkpoints" / "step_150" / "backend.json").exists()
+    assert (run / "final_model" / "model.safetensors").exists()
+    assert "rank 1: stop after 150 steps" in "".join(lp.lines)
