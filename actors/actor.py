@@ -26,7 +26,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent
+from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent, make_agent
 from actors.client import EngineClient
 from configs.schema import TetherConfig
 from transport import messages as m
@@ -181,15 +181,15 @@ class Actor:
         import torch
 
         torch.set_num_threads(1)
-        from transformers import AutoTokenizer
+        from models.tiny import load_tokenizer
 
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
         engine = HFEngine(model_dir)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task.name, tokenizer, num_digits=self.cfg.task.num_digits)
-        return EngineClient(engine), SingleTurnAgent(task.reward)
+        return EngineClient(engine), make_agent(self.cfg, task, tokenizer)
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

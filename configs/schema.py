@@ -101,7 +101,21 @@ class ActorsConfig:
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
-    """Agent that turns a leased task into a trajectory using the engine client."""
+    """Agent that turns a leased task into a trajectory: single_turn | tools (multi-turn, tool calls) | openai (your OpenAI-client agent through the actor's endpoint)."""
+    tools: str = "calc"
+    """Comma-separated tools the `tools` agent offers: calc (integer sums) | python (code in a limited subprocess)."""
+    max_turns: int = 4
+    """Multi-turn agents: most model turns (generations) per sample."""
+    max_total_tokens: int = 48
+    """Multi-turn agents: most completion tokens per sample, model and tool tokens together (the learner refuses longer samples)."""
+    tool_timeout_s: float = 5.0
+    """Wall-clock limit of one tool call (the python tool also gets this much CPU time); a timeout is an error message to the model."""
+    tool_memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
+    openai_port: int = 0
+    """openai agent: port of the actor's OpenAI-compatible chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
+    openai_agent: str = ""
+    """openai agent: your agent as module:function, called as fn(base_url, messages) (sync or async) per sample."""
     sim_latency_mean_s: float = 0.0
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: float = 0.0
@@ -171,16 +185,27 @@ class TetherConfig:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("reverse",),
+    "task.name": ("reverse", "calculator"),
     "learner.correction": ("none", "tis", "decoupled", "mask"),
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
     "actors.engine": ("hf", "simulated"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
-    "actors.agent": ("single_turn",),
+    "actors.agent": ("single_turn", "tools", "openai"),
 }
 """Allowed values of the string fields that name a choice."""
+
+TOOLS = ("calc", "python")
+"""Tools the `tools` agent can offer (actors/tools.py)."""
+
+
+def max_completion_tokens(cfg: TetherConfig) -> int:
+    """Most completion tokens one sample may have: one turn for single-turn agents, the
+    multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
+    if cfg.actors.agent == "single_turn":
+        return cfg.task.max_new_tokens
+    return cfg.actors.max_total_tokens
 
 
 def check_ranges(cfg: TetherConfig) -> list[str]:
@@ -212,6 +237,16 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)
     need(A.sim_latency_mean_s >= 0, "actors.sim_latency_mean_s", ">= 0", A.sim_latency_mean_s)
     need(A.sim_latency_sigma >= 0, "actors.sim_latency_sigma", ">= 0", A.sim_latency_sigma)
+    need(A.max_turns >= 1, "actors.max_turns", ">= 1", A.max_turns)
+    need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
+         f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
+    need(A.tool_timeout_s > 0, "actors.tool_timeout_s", "> 0", A.tool_timeout_s)
+    need(A.tool_memory_mb >= 64, "actors.tool_memory_mb", ">= 64", A.tool_memory_mb)
+    unknown_tools = [t for t in A.tools.split(",") if t.strip() not in TOOLS]
+    need(not unknown_tools, "actors.tools", f"a comma-separated subset of {TOOLS}", A.tools)
+    need(0 <= A.openai_port < 65536, "actors.openai_port", "in [0, 65535]", A.openai_port)
+    need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
+         "module:function when actors.agent is openai", A.openai_agent)
     need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)

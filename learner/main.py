@@ -52,12 +52,12 @@ def run(cfg: TetherConfig) -> dict:
     save_config(cfg, run_dir / "config.yaml")
     model_dir = ensure_model(cfg)
 
-    from transformers import AutoTokenizer
+    from models.tiny import load_tokenizer
 
     from actors.hf_engine import HFEngine
     from tasks import make_task
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
     backend = SingleProcessBackend(model_dir, cfg.learner.lr, cfg.learner.weight_decay,
                                    cfg.learner.seed)
@@ -72,7 +72,7 @@ def run(cfg: TetherConfig) -> dict:
         version = _restore(backend, leases, buffer, state)
     eval_engine = HFEngine(model_dir)
     eval_engine.load_weights(backend.state_dict(), version)
-    eval_start = evaluate(eval_engine, task, cfg)
+    eval_start = evaluate(eval_engine, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
     if state is not None:
@@ -111,7 +111,7 @@ def run(cfg: TetherConfig) -> dict:
     if not (run_dir / "checkpoints" / f"step_{version}").exists():
         _save_checkpoint(backend, server, run_dir, version)
     eval_engine.load_weights(backend.state_dict(), version)
-    eval_end = evaluate(eval_engine, task, cfg)
+    eval_end = evaluate(eval_engine, task, cfg, tokenizer)
     backend.export_hf(run_dir / "final_model")
     summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
                        metrics, reason)

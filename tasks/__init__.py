@@ -14,6 +14,10 @@ def make_task(name: str, tokenizer, **kwargs) -> Task:
         from tasks.reverse import ReverseTask
 
         return ReverseTask(tokenizer, **kwargs)
+    if name == "calculator":
+        from tasks.calculator import CalculatorTask
+
+        return CalculatorTask(tokenizer, **kwargs)
     raise ValueError(f"unknown task {name!r}")
 
 
