@@ -118,7 +118,8 @@ class PythonTool:
     def _limit(self) -> None:
         """Runs in the child between fork and exec."""
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s))
+        # SIGXCPU at the soft limit; the kernel's SIGKILL one second later if it is ignored
+        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_bytes, self.file_bytes))
 
     async def run(self, argument: str) -> str:
