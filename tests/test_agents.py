@@ -61,9 +61,9 @@ class ScriptedLLM:
                           finish_reason="stop" if tok[-1] == TOK.eos_token_id else "length")
 
 
-def rollout_task(a: int = 347, b: int = 581, max_new_tokens: int = 12) -> RolloutTask:
+def rollout_task(a: int = 347, b: int = 581, max_new_tokens: int = 12, index: int = 1) -> RolloutTask:
     p = TASK._prompt(5, a, b)
-    return RolloutTask(prompt_id=p.prompt_id, sample_index=1, prompt_ids=p.token_ids, meta=p.meta,
+    return RolloutTask(prompt_id=p.prompt_id, sample_index=index, prompt_ids=p.token_ids, meta=p.meta,
                        max_new_tokens=max_new_tokens, temperature=1.0, run_seed=0)
 
 
@@ -328,12 +328,54 @@ def test_calculator_tool_task_learns_end_to_end(tmp_path):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     lp = procs.Proc(["-m", "learner", "-c", str(preset), f"run_dir={run}",
-                     f"model.path={tmp_path / 'model'}"], tmp_path / "learner.log")
+                     f"model.path={tmp_path / 'model'}", "learner.max_steps=80"],
+                    tmp_path / "learner.log")
     assert lp.finish(timeout=600) == 0, lp.tail()
     s = procs.summary(run)
     print("calculator eval reward", s["eval_reward_start"], "->", s["eval_reward_end"],
           "in", s["wall_seconds"], "s")
     assert s["accounting_ok"] and s["groups"]["dropped"].get("invalid", 0) == 0
-    assert s["eval_reward_end"] >= s["eval_reward_start"] + 0.2, s
+    assert s["eval_reward_end"] >= s["eval_reward_start"] + 0.15, s
     rows = procs.metrics(run)
     assert all(r["staleness_max"] <= 1 for r in rows)
+
+
+def test_behavior_logprobs_of_multi_turn_rollouts_match_the_learner(tmp_path):
+    """A real HF engine through the tool agent: the learner's logprobs of the collated
+    multi-turn rows equal the engine's behavior logprobs on every model token."""
+    from actors.client import EngineClient
+    from actors.hf_engine import HFEngine
+    from models.logprobs import token_logprobs
+    from models.tiny import build_model, save
+
+    from learner.model_setup import warm_start
+
+    model = build_model(seed=0, vocab_size=len(vocab_for("calculator")))
+    warm_start(model, TASK, steps=50, lr=3e-3)  # so that it calls the tool
+    save(model, TOK, tmp_path / "m")
+    engine = HFEngine(tmp_path / "m")
+    engine.load_weights(model.state_dict(), 0)
+    agent = tool_agent(max_turns=3, max_total_tokens=40)
+    tasks = [rollout_task(100 + 7 * i, 500 + 3 * i, index=i) for i in range(16)]
+
+    async def run_all():
+        client = EngineClient(engine)
+        return await asyncio.gather(*(agent.run(t, client) for t in tasks))
+
+    rollouts = asyncio.run(run_all())
+    assert any((r.loss_mask == 0).any() for r in rollouts), [TOK.decode(r.completion_ids.tolist()) for r in rollouts][:4]
+    g = TrajGroup(lease_id=1, prompt_id=5, actor_id="a", prompt_ids=tasks[0].prompt_ids.astype(np.int64),
+                  completions=[r.completion_ids.astype(np.int64) for r in rollouts],
+                  logprobs=[r.logprobs for r in rollouts], versions=[r.versions for r in rollouts],
+                  loss_masks=[r.loss_mask.astype(np.float32) for r in rollouts],
+                  rewards=np.zeros(len(rollouts), np.float32))
+    # all 16 prompts have the same length, so one row layout serves them all
+    for i, t in enumerate(tasks):
+        g.prompt_ids = t.prompt_ids.astype(np.int64)
+        b = collate([TrajGroup(**{**g.__dict__, "completions": [g.completions[i]],
+                                  "logprobs": [g.logprobs[i]], "versions": [g.versions[i]],
+                                  "loss_masks": [g.loss_masks[i]], "rewards": g.rewards[:1]})], 0)
+        with torch.no_grad():
+            lp = token_logprobs(model.eval(), b.input_ids, 1.0)
+        on = b.mask > 0
+        torch.testing.assert_close(lp[on], b.behavior[on], atol=2e-5, rtol=0)
