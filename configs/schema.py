@@ -101,21 +101,21 @@ class ActorsConfig:
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
-    """Agent that turns a leased task into a trajectory: single_turn | tools (multi-turn, tool calls) | openai (your OpenAI-client agent through the actor's endpoint)."""
+    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint)."""
     tools: str = "calc"
-    """Comma-separated tools the `tools` agent offers: calc (integer sums) | python (code in a limited subprocess)."""
+    """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
     max_turns: int = 4
     """Multi-turn agents: most model turns (generations) per sample."""
     max_total_tokens: int = 48
-    """Multi-turn agents: most completion tokens per sample, model and tool tokens together (the learner refuses longer samples)."""
+    """Multi-turn agents: most completion tokens (model + tool) per sample; the learner refuses more."""
     tool_timeout_s: float = 5.0
-    """Wall-clock limit of one tool call (the python tool also gets this much CPU time); a timeout is an error message to the model."""
+    """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
     tool_memory_mb: int = 512
     """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
     openai_port: int = 0
-    """openai agent: port of the actor's OpenAI-compatible chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
+    """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
     openai_agent: str = ""
-    """openai agent: your agent as module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
     sim_latency_mean_s: float = 0.0
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: float = 0.0
