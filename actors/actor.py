@@ -28,7 +28,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent
+from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent, make_agent
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
@@ -195,13 +195,14 @@ class Actor:
         import torch
 
         torch.set_num_threads(1)
-        from transformers import AutoTokenizer
+        from models.tiny import load_tokenizer
 
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        task = make_task(self.cfg.task.name, tokenizer, num_digits=self.cfg.task.num_digits)
+        tokenizer = load_tokenizer(model_dir)
+        task = make_task(self.cfg.task, tokenizer)
+        agent = make_agent(self.cfg, task, tokenizer)
         if A.engine == "vllm":
             from actors.vllm_engine import VLLMEngine
 
@@ -209,8 +210,8 @@ class Actor:
                              kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
                              max_num_seqs=A.vllm_max_num_seqs)
             self._closers.append(llm.shutdown)
-            return llm, SingleTurnAgent(task.reward)
-        return EngineClient(HFEngine(model_dir)), SingleTurnAgent(task.reward)
+            return llm, agent
+        return EngineClient(HFEngine(model_dir)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

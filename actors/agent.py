@@ -1,18 +1,30 @@
 """Agents turn a leased task into a trajectory using only the engine client.
 
 Agent code never touches sockets, leases or weights. A single-turn completion is simply the
-simplest agent, so every rollout takes the same path.
+simplest agent, so every rollout takes the same path:
+
+    class MyAgent:
+        async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
+            c = await llm.generate(prompt_ids, max_new_tokens, temperature, task.seed(turn))
+            ...  # c.token_ids, c.logprobs, c.versions; tool turns via actors.trajectory
+
+Agents here: SingleTurnAgent; ToolAgent (actors/tool_agent.py: multi-turn, tool calls);
+OpenAIAgent (actors/openai_server.py: your OpenAI-client code through a local endpoint).
+An agent that raises fails its sample; the learner drops the group as `agent_error`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
 from actors.client import EngineClient
 from actors.engine import sample_seed
+
+if TYPE_CHECKING:
+    from configs.schema import TetherConfig
 
 
 @dataclass(frozen=True)
@@ -60,3 +72,26 @@ class SingleTurnAgent:
         return Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                        loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
                        reward=float(self.reward_fn(task.meta, c.token_ids)))
+
+
+def make_agent(cfg: "TetherConfig", task, tokenizer) -> Agent:
+    """The agent `actors.agent` names, scoring with the task's reward function."""
+    A = cfg.actors
+    if A.agent == "single_turn":
+        return SingleTurnAgent(task.reward)
+    from actors.chat import ChatFormat
+
+    if A.agent == "tools":
+        from actors.tool_agent import ToolAgent
+        from actors.tools import make_tools
+
+        return ToolAgent(task.reward, ChatFormat(tokenizer),
+                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb),
+                         A.max_turns, A.max_total_tokens)
+    if A.agent == "openai":
+        from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
+
+        endpoint = OpenAIEndpoint(ChatFormat(tokenizer), A.openai_port, A.max_turns,
+                                  A.max_total_tokens)
+        return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
+    raise ValueError(f"unknown agent {A.agent!r}")

@@ -53,11 +53,14 @@ class TrajGroup:
 
     @property
     def min_version(self) -> int:
-        return min((int(v.min()) for v in self.versions if v.size), default=0)
+        """Oldest version among model tokens (loss_mask 1); tool tokens were sampled by no policy."""
+        return min((int(v[m > 0].min()) for v, m in zip(self.versions, self.loss_masks)
+                    if (m > 0).any()), default=0)
 
     @property
     def max_version(self) -> int:
-        return max((int(v.max()) for v in self.versions if v.size), default=0)
+        return max((int(v[m > 0].max()) for v, m in zip(self.versions, self.loss_masks)
+                    if (m > 0).any()), default=0)
 
     @property
     def num_tokens(self) -> int:

@@ -32,6 +32,8 @@ class TaskConfig:
     """Task module in `tasks/` that makes prompts and scores completions."""
     num_digits: int = 4
     """Length of the digit string the toy reversal task asks to reverse."""
+    data_path: str = ""
+    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out)."""
     eval_prompts: int = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
     max_new_tokens: int = 5
@@ -113,7 +115,21 @@ class ActorsConfig:
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
-    """Agent that turns a leased task into a trajectory using the engine client."""
+    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint)."""
+    tools: str = "calc"
+    """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
+    max_turns: int = 4
+    """Multi-turn agents: most model turns (generations) per sample."""
+    max_total_tokens: int = 48
+    """Multi-turn agents: most completion tokens (model + tool) per sample; the learner refuses more."""
+    tool_timeout_s: float = 5.0
+    """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
+    tool_memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
+    openai_port: int = 0
+    """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
+    openai_agent: str = ""
+    """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
     sim_latency_mean_s: float = 0.0
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: float = 0.0
@@ -189,7 +205,7 @@ class TetherConfig:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("reverse",),
+    "task.name": ("reverse", "calculator", "gsm8k"),
     "learner.correction": ("none", "tis", "decoupled", "mask"),
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
@@ -199,9 +215,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actors.update_mode": ("wait", "keep", "abort"),
     "transport.weights_via": ("zmq", "filesystem"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
-    "actors.agent": ("single_turn",),
+    "actors.agent": ("single_turn", "tools", "openai"),
 }
 """Allowed values of the string fields that name a choice."""
+
+TOOLS = ("calc", "python")
+"""Tools the `tools` agent can offer (actors/tools.py)."""
+
+
+def max_completion_tokens(cfg: TetherConfig) -> int:
+    """Most completion tokens one sample may have: one turn for single-turn agents, the
+    multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
+    if cfg.actors.agent == "single_turn":
+        return cfg.task.max_new_tokens
+    return cfg.actors.max_total_tokens
 
 
 def check_ranges(cfg: TetherConfig) -> list[str]:
@@ -237,11 +264,23 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.sim_latency_sigma >= 0, "actors.sim_latency_sigma", ">= 0", A.sim_latency_sigma)
     need(A.vllm_kv_cache_gb > 0, "actors.vllm_kv_cache_gb", "> 0", A.vllm_kv_cache_gb)
     need(A.vllm_max_num_seqs >= 1, "actors.vllm_max_num_seqs", ">= 1", A.vllm_max_num_seqs)
+    need(A.max_turns >= 1, "actors.max_turns", ">= 1", A.max_turns)
+    need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
+         f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
+    need(A.tool_timeout_s > 0, "actors.tool_timeout_s", "> 0", A.tool_timeout_s)
+    need(A.tool_memory_mb >= 64, "actors.tool_memory_mb", ">= 64", A.tool_memory_mb)
+    unknown_tools = [t for t in A.tools.split(",") if t.strip() not in TOOLS]
+    need(not unknown_tools, "actors.tools", f"a comma-separated subset of {TOOLS}", A.tools)
+    need(0 <= A.openai_port < 65536, "actors.openai_port", "in [0, 65535]", A.openai_port)
+    need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
+         "module:function when actors.agent is openai", A.openai_agent)
     need(A.groups_per_request >= 1, "actors.groups_per_request", ">= 1", A.groups_per_request)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.buffer.max_reuse >= 1, "buffer.max_reuse", ">= 1", cfg.buffer.max_reuse)
     need(cfg.task.num_digits >= 1, "task.num_digits", ">= 1", cfg.task.num_digits)
+    need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
+         "set (a JSONL file) when task.name is gsm8k", cfg.task.data_path)
     need(cfg.task.eval_prompts >= 1, "task.eval_prompts", ">= 1", cfg.task.eval_prompts)
     need(cfg.task.max_new_tokens >= 1, "task.max_new_tokens", ">= 1", cfg.task.max_new_tokens)
     need(cfg.task.temperature > 0, "task.temperature", "> 0", cfg.task.temperature)

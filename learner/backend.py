@@ -115,7 +115,7 @@ class SingleProcessBackend:
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (safetensors + config + tokenizer)."""
-        from transformers import AutoTokenizer
+        from models.tiny import load_tokenizer
 
         self.model.save_pretrained(path, safe_serialization=True)
-        AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(path)
+        load_tokenizer(self.model_dir).save_pretrained(path)

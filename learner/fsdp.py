@@ -129,12 +129,12 @@ class FSDP2Backend:
             if self.dp_rank == 0:
                 tensors[name] = t.contiguous()
         if self.dp_rank == 0:
-            from transformers import AutoTokenizer
+            from models.tiny import load_tokenizer
 
             path.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
             self.model.config.save_pretrained(path)
             if (self.model_dir / "generation_config.json").exists():
                 shutil.copy(self.model_dir / "generation_config.json", path)
-            AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(path)
+            load_tokenizer(self.model_dir).save_pretrained(path)
         dist.barrier()

@@ -45,8 +45,9 @@ WAIT_LOG_S = 5.0
 
 def run(cfg: TetherConfig) -> dict | None:
     """Run the learner; returns the summary on rank 0 and None on the other ranks."""
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from models.tiny import load_tokenizer
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
@@ -59,7 +60,7 @@ def run(cfg: TetherConfig) -> dict | None:
         ensure_model(cfg)
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
@@ -84,7 +85,7 @@ def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
-    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
+    task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
     buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness, cfg.buffer.max_reuse,
                           cfg.buffer.sampling, seed=cfg.learner.seed)
     leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
@@ -94,7 +95,7 @@ def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         version = _restore(team.backend, leases, buffer, checkpoint)
     packed = team.publish(version)
     eval_engine = HFEngine(model_dir)
-    eval_start = _evaluate(eval_engine, packed, task, cfg)
+    eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
     if checkpoint is not None:
@@ -135,7 +136,7 @@ def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         _reap(actors)
     if not (run_dir / "checkpoints" / f"step_{version}").exists():
         _save_checkpoint(team, server, run_dir, version)
-    eval_end = _evaluate(eval_engine, packed, task, cfg)
+    eval_end = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     team.export_hf(run_dir / "final_model")
     team.stop()
     summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
@@ -157,10 +158,10 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     return write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
 
 
-def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig) -> float:
+def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:
     """Held-out reward of the published weights `packed` (no second gather of the model)."""
     engine.load_weights(unpack(packed.manifest, list(packed.buckets)), packed.manifest.version)
-    return evaluate(engine, task, cfg)
+    return evaluate(engine, task, cfg, tokenizer)
 
 
 def _log_summary(summary: dict) -> None:

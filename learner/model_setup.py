@@ -19,12 +19,13 @@ def ensure_model(cfg: TetherConfig) -> Path:
         return path
     if not cfg.model.build_tiny:
         raise FileNotFoundError(f"model.path {path} has no config.json and model.build_tiny is false")
-    from models.tiny import build_model, build_tokenizer, save
+    from models.tiny import build_model, build_tokenizer, save, vocab_for
     from tasks import make_task
 
-    tokenizer = build_tokenizer()
-    model = build_model(seed=cfg.learner.seed)
-    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
+    words = vocab_for(cfg.task.name)
+    tokenizer = build_tokenizer(words)
+    model = build_model(seed=cfg.learner.seed, vocab_size=len(words))
+    task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
     if cfg.model.warmstart_steps:
         warm_start(model, task, cfg.model.warmstart_steps, cfg.model.warmstart_lr)
     tmp = path.with_name(path.name + ".tmp")
@@ -35,17 +36,24 @@ def ensure_model(cfg: TetherConfig) -> Path:
 
 
 def warm_start(model, task, steps: int, lr: float, batch: int = 64) -> None:
-    """Supervised steps on (prompt, reversed digits): gets sampled reward off the floor."""
+    """Supervised steps on the task's ideal trajectories (e.g. prompt + reversed digits, or a
+    tool call, its result and the answer): gets sampled reward off the floor. Only the tokens
+    the task marks as the model's are trained on (prompt and tool results are not)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):
-        rows = np.stack([task.supervised_example(task.train_prompt(10_000_000 + step * batch + i))
-                         for i in range(batch)])
-        ids = torch.from_numpy(rows)
-        P = len(task.train_prompt(0).token_ids)
-        logits = model(input_ids=ids).logits[:, P - 1:-1]
+        examples = [task.supervised_example(task.train_prompt(10_000_000 + step * batch + i))
+                    for i in range(batch)]
+        length = max(len(ids) for ids, _ in examples)
+        rows = np.zeros((batch, length), dtype=np.int64)
+        labels = np.full((batch, length), -100, dtype=np.int64)  # -100: not trained on
+        for i, (ids, mask) in enumerate(examples):
+            rows[i, :len(ids)] = ids
+            labels[i, :len(ids)] = np.where(mask > 0, ids, -100)
+        ids, target = torch.from_numpy(rows), torch.from_numpy(labels)
+        logits = model(input_ids=ids).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 ids[:, P:].reshape(-1))
+                                                 target[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()

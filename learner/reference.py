@@ -27,13 +27,13 @@ def run_reference(cfg: TetherConfig, steps: int, lag: int = 0,
                   on_step: Callable[[int, dict], None] | None = None) -> SingleProcessBackend:
     """Train `steps` steps from cfg.model.path with rollouts `lag` versions old; returns the
     trained backend. `on_step(version, metrics)` is called after every step."""
-    from transformers import AutoTokenizer
+    from models.tiny import load_tokenizer
 
     from tasks import make_task
 
     torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
+    tokenizer = load_tokenizer(cfg.model.path)
+    task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
     L = cfg.learner
     backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)

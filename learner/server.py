@@ -31,7 +31,7 @@ import msgspec
 import zmq
 
 from buffer.replay import DropReason, ReplayBuffer
-from configs.schema import TetherConfig
+from configs.schema import TetherConfig, max_completion_tokens
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
@@ -374,7 +374,7 @@ class LearnerServer(threading.Thread):
             return
         try:
             group = to_group(msg, rec, self.vocab_size, self.version,
-                             max_tokens=self.cfg.task.max_new_tokens)
+                             max_tokens=max_completion_tokens(self.cfg))
         except InvalidTrajectory as e:
             self.leases.drop(rec, DropReason.INVALID)
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")

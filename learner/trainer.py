@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from buffer.replay import TrajGroup
-from configs.schema import TetherConfig
+from configs.schema import TetherConfig, max_completion_tokens
 from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.loss import LossNorm, group_advantages, policy_loss
@@ -76,7 +76,7 @@ class Trainer:
         logp = self.backend.logprobs(mb.input_ids, self.cfg.task.temperature)
         staleness = (version - mb.versions) * mb.mask.long()
         loss, stats = policy_loss(logp, mb.behavior, prox, adv, mb.mask, staleness, L,
-                                  self.cfg.task.max_new_tokens, norm)
+                                  max_completion_tokens(self.cfg), norm)
         grad_norm = self.backend.step(loss, L.max_grad_norm)
         stats["loss"] = loss.detach()
         out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
@@ -85,8 +85,10 @@ class Trainer:
 
 
 def _staleness_metrics(groups: list[TrajGroup], version: int) -> dict[str, float]:
-    """Per-token staleness = version - token version, over all tokens of the batch."""
-    per_token = np.concatenate([version - v for g in groups for v in g.versions])
+    """Per-token staleness = version - token version, over the model tokens (loss_mask 1) of the
+    batch; tool tokens were sampled by no policy and are not stale."""
+    per_token = np.concatenate([version - v[m > 0] for g in groups
+                                for v, m in zip(g.versions, g.loss_masks)])
     hist = np.bincount(per_token, minlength=1)
     out = {"staleness_mean": float(per_token.mean()), "staleness_max": float(per_token.max())}
     out.update({f"staleness_hist_{k}": float(c) for k, c in enumerate(hist)})

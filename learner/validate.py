@@ -1,8 +1,13 @@
 """Check a decoded GroupResult against its lease before anything reaches the buffer.
 
 msgspec already guaranteed the types; this checks meaning: array dtypes and lengths agree,
-token ids are inside the vocabulary, logprobs are finite and <= 0, versions lie between the
-lease's min_version and the current version, the lease's samples are all there exactly once.
+token ids are inside the vocabulary, logprobs are finite and <= 0, versions of model tokens
+(loss_mask 1) lie between the lease's min_version and the current version, the lease's samples
+are all there exactly once, and every sample has at least one model token.
+
+Tool/environment tokens (loss_mask 0) were sampled by no policy: they are never trained on and
+do not count toward a group's min_version or staleness. Agents give them version -1 and logprob
+0; the check only asks that their version is -1 or a version that existed (<= current).
 Value checks run once over the whole group (concatenated); only a failure looks for the sample.
 """
 
@@ -66,6 +71,8 @@ def _check_shapes(index: int, arrays: tuple[np.ndarray, ...], max_tokens: int) -
                                 f"{ids.shape}, {lp.shape}, {ver.shape}, {mask.shape}")
     if n > max_tokens:
         raise InvalidTrajectory(f"{where}: {n} tokens > limit {max_tokens}")
+    if mask.dtype.kind in "iub" and not (mask == 1).any():
+        raise InvalidTrajectory(f"{where}: no model tokens (loss_mask 1) to train on")
     if ids.dtype.kind not in "iu" or ver.dtype.kind not in "iu" or mask.dtype.kind not in "iub":
         raise InvalidTrajectory(f"{where}: ids/versions/mask must be integer arrays")
     if lp.dtype.kind != "f":
@@ -75,12 +82,16 @@ def _check_shapes(index: int, arrays: tuple[np.ndarray, ...], max_tokens: int) -
 def _first_bad_value(ids, lps, vers, masks, vocab_size: int, min_version: int,
                      latest_version: int) -> tuple[int, str] | None:
     """(token index, problem) of the first value check that fails, or None."""
+    model = masks == 1
     checks = (
         ((ids < 0) | (ids >= vocab_size), f"token id outside vocabulary [0, {vocab_size})"),
         (~np.isfinite(lps) | (lps > 1e-3), "logprobs must be finite and <= 0"),
-        ((vers < min_version) | (vers > latest_version),
-         f"versions must lie in [{min_version} (the lease's min_version), {latest_version}]"),
         ((masks != 0) & (masks != 1), "loss_mask must be 0 or 1"),
+        (model & ((vers < min_version) | (vers > latest_version)),
+         f"versions of model tokens must lie in [{min_version} (the lease's min_version), "
+         f"{latest_version}]"),
+        (~model & ((vers < -1) | (vers > latest_version)),
+         f"versions of tool tokens (loss_mask 0) must lie in [-1, {latest_version}]"),
     )
     for bad, problem in checks:
         if bad.any():

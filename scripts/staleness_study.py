@@ -40,7 +40,7 @@ def run_job(args: tuple[dict, list[str], int]) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from transformers import AutoTokenizer
+    from models.tiny import load_tokenizer
 
     from actors.hf_engine import HFEngine
     from learner.evaluate import evaluate
@@ -53,11 +53,11 @@ def run_job(args: tuple[dict, list[str], int]) -> dict:
     backend = run_reference(cfg, steps, lag=job["eta"],
                             on_step=lambda v, m: curve.append((v, m["reward_mean"],
                                                                time.monotonic() - t0)))
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    task = make_task(cfg.task.name, tok, num_digits=cfg.task.num_digits, seed=cfg.learner.seed)
+    tok = load_tokenizer(cfg.model.path)
+    task = make_task(cfg.task, tok, seed=cfg.learner.seed)
     engine = HFEngine(cfg.model.path)
     engine.load_weights(backend.state_dict(), steps)
-    return {**job, "eval_reward_end": evaluate(engine, task, cfg),
+    return {**job, "eval_reward_end": evaluate(engine, task, cfg, tok),
             "train_reward_last20": sum(r for _, r, _ in curve[-20:]) / 20, "curve": curve}
 
 

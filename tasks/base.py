@@ -29,5 +29,6 @@ class Task(Protocol):
     def reward(self, meta: dict[str, str], completion_ids: np.ndarray) -> float:
         """Score one completion (token ids, possibly ending in EOS)."""
 
-    def supervised_example(self, prompt: Prompt) -> np.ndarray:
-        """Prompt + ideal completion token ids, for a supervised warm-start."""
+    def supervised_example(self, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt + ideal completion token ids, and a mask of the same length that is 1 on the
+        tokens the model should learn to produce (0 on the prompt and on tool results)."""

@@ -49,6 +49,9 @@ class ReverseTask:
         right = int(np.sum(got == target[: len(got)]))
         return right / len(target)
 
-    def supervised_example(self, prompt: Prompt) -> np.ndarray:
+    def supervised_example(self, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
         target = self.digit[[int(c) for c in prompt.meta["target"]]]
-        return np.concatenate([prompt.token_ids, target, [self.eos]]).astype(np.int64)
+        ids = np.concatenate([prompt.token_ids, target, [self.eos]]).astype(np.int64)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        mask[len(prompt.token_ids):] = 1
+        return ids, mask

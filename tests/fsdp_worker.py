@@ -48,7 +48,7 @@ def synthetic_groups(cfg, step: int) -> list[TrajGroup]:
     from tasks import make_task
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    task = make_task(cfg.task.name, tokenizer, num_digits=cfg.task.num_digits, seed=0)
+    task = make_task(cfg.task, tokenizer, seed=0)
     rng = np.random.default_rng(1000 + step)
     L, T = cfg.learner, cfg.task.max_new_tokens
     groups = []

@@ -55,11 +55,11 @@ def _load(engine, state, version):
 
 
 def _prompts(model_dir, n):
-    from transformers import AutoTokenizer
-
+    from configs.schema import TaskConfig
+    from models.tiny import load_tokenizer
     from tasks import make_task
 
-    task = make_task("reverse", AutoTokenizer.from_pretrained(model_dir), num_digits=4, seed=3)
+    task = make_task(TaskConfig(name="reverse", num_digits=4), load_tokenizer(model_dir), seed=3)
     return [task.train_prompt(i).token_ids for i in range(n)]
 
 

@@ -1,0 +1,43 @@
+"""An agent written against the OpenAI chat-completions wire format, for `actors.agent=openai`.
+
+It knows nothing about Tether: plain HTTP (urllib), OpenAI request/response JSON, its own tool
+handling. Run it as an actor with
+
+    actors.agent=openai actors.openai_agent=actors.openai_example:calculator_agent
+
+With the `openai` package the same loop would be
+`OpenAI(base_url=base_url, api_key="-").chat.completions.create(model="tether", messages=...)`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+CALL = re.compile(r"\s*<call>\s*calc\s+([\d\s+]+?)\s*</call>\s*")
+
+
+def chat(base_url: str, messages: list[dict[str, str]], max_tokens: int | None = None) -> dict:
+    """One POST /chat/completions; returns the parsed OpenAI response."""
+    body = {"model": "tether", "messages": messages}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    req = urllib.request.Request(f"{base_url}/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def calculator_agent(base_url: str, messages: list[dict[str, str]], max_turns: int = 4) -> None:
+    """Ask; while the model calls the calculator, answer the call and ask again."""
+    messages = list(messages)
+    for _ in range(max_turns):
+        reply = chat(base_url, messages)["choices"][0]
+        content = reply["message"]["content"]
+        messages.append({"role": "assistant", "content": content})
+        call = CALL.fullmatch(content)
+        if call is None or reply["finish_reason"] != "stop":
+            return
+        total = sum(int("".join(x.split())) for x in call.group(1).split("+"))
+        messages.append({"role": "tool", "content": " ".join(str(total))})
