@@ -18,7 +18,17 @@ def test_preset_loads_and_overrides_apply():
     assert cfg.run_dir == "/tmp/x" and cfg.learner.correction == "tis"
 
 
+@pytest.mark.parametrize("preset", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_preset_is_valid(preset):
+    load_config(preset, [])
+
+
 @pytest.mark.parametrize("override, expected", [
+    (["actors.engine=sglang"], "actors.engine must be one of"),
+    (["actors.update_mode=later"], "actors.update_mode must be one of"),
+    (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
+    (["actors.vllm_kv_cache_gb=0"], "actors.vllm_kv_cache_gb must be > 0"),
+    (["task.name=gsm8k"], "task.data_path must be set (a JSONL file) when task.name is gsm8k"),
     (["learner.foo=1"], "unknown config key 'learner.foo'"),
     (["nosuch.x=1"], "unknown config key 'nosuch'"),
     (["learner.lr=abc"], "learner.lr must be float, got 'abc'"),
