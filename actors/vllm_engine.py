@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import logging
 from pathlib import Path
 from typing import Callable
@@ -113,6 +114,8 @@ class VLLMEngine:
     async def _update(self, version: int, method: str, args: tuple) -> None:
         async with self._updating:
             self._open.clear()
+            if self.version < 0:  # first load: tie vLLM's processes to this one's lifetime
+                await self.llm.collective_rpc("tether_die_with", args=(os.getpid(),))
             await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
             await self.llm.collective_rpc(method, args=args)
             await self.llm.reset_prefix_cache(reset_running_requests=True)
@@ -122,6 +125,8 @@ class VLLMEngine:
             await self.llm.resume_generation()
 
     def shutdown(self) -> None:
+        """Stop vLLM's processes. (If this process is killed instead, they stop by themselves:
+        the worker watches this pid, see actors/vllm_worker.py.)"""
         self.llm.shutdown()
 
 

@@ -162,3 +162,30 @@ def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
     for text in logs:  # both actors really ran vLLM and kept taking new versions
         assert "VLLMEngine" in text or "vllm" in text.lower()
         assert text.count("loaded weights v") >= 50, text[-3000:]
+
+
+@pytest.mark.slow
+def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_dir):
+    """vLLM's EngineCore and worker are children of the actor; a SIGKILLed actor cannot shut
+    them down, so the worker watches the actor's pid and takes both down with it."""
+    import signal
+
+    import procs
+    import psutil
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", "learner.max_steps=100000",
+                       "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25")
+    lp.wait_for("learner listening", timeout=120)
+    ap = procs.actor(run, "v0")
+    try:
+        ap.wait_for(r"loaded weights v\d+", timeout=300)
+        kids = psutil.Process(ap.p.pid).children(recursive=True)
+        assert any("VLLM" in k.name() for k in kids), [k.name() for k in kids]
+        ap.kill()
+        alive = [k.name() for k in kids if not procs.wait_pid_exit(k.pid, timeout=30)]
+        assert not alive, f"still running after the actor was killed: {alive}"
+    finally:
+        ap.kill()
+        lp.p.send_signal(signal.SIGTERM)
+        assert lp.finish(timeout=120) == 0, lp.tail()
