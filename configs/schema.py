@@ -96,7 +96,7 @@ class LearnerConfig:
     tracker_project: str = "tether"
     """W&B project / MLflow experiment name the run is logged under."""
     tracker_online: bool = False
-    """False: offline (W&B mode=offline in run_dir/wandb, MLflow file store run_dir/mlruns);
+    """False: offline (W&B mode=offline in run_dir/wandb, MLflow SQLite store run_dir/mlflow.db);
     True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""

@@ -4,7 +4,8 @@ Neither package is a dependency (`pip install -e .[tracking]` adds both). `requi
 the learner starts, before any model is built: a tracker that is set but not installed is a
 `ConfigError` naming the setting and the package. Offline by default (`learner.tracker_online`
 false): W&B writes an offline run under run_dir/wandb (`wandb sync` uploads it later), MLflow a
-file store under run_dir/mlruns (`mlflow ui --backend-store-uri run_dir/mlruns`).
+SQLite store run_dir/mlflow.db with artifacts in run_dir/mlartifacts (MLflow 3 refuses plain
+file stores; `mlflow ui --backend-store-uri sqlite:///run_dir/mlflow.db`).
 
 Only the trainer thread of rank 0 calls a tracker. A run that crashes before `close()` is ended
 by the package's own exit hook.
@@ -94,10 +95,15 @@ class WandbTracker:
 class MlflowTracker:
     def __init__(self, cfg: TetherConfig, run_dir: Path) -> None:
         self.mlflow = importlib.import_module("mlflow")
+        artifacts = None
         if not cfg.learner.tracker_online:
-            self.mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
-        self.mlflow.set_experiment(cfg.learner.tracker_project)
-        self.run = self.mlflow.start_run(run_name=run_dir.name)
+            self.mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+            artifacts = (run_dir / "mlartifacts").resolve().as_uri()
+        name = cfg.learner.tracker_project
+        exp = self.mlflow.get_experiment_by_name(name)
+        exp_id = (exp.experiment_id if exp is not None
+                  else self.mlflow.create_experiment(name, artifact_location=artifacts))
+        self.run = self.mlflow.start_run(experiment_id=exp_id, run_name=run_dir.name)
         self.mlflow.log_params(flatten(dataclasses.asdict(cfg)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

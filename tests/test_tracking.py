@@ -66,9 +66,16 @@ def fake_mlflow(monkeypatch):
     def recorder(name):
         return lambda *args, **kwargs: calls.append((name, args, kwargs))
 
-    names = ("set_tracking_uri", "set_experiment", "start_run", "log_params", "log_metrics",
-             "log_dict", "end_run")
-    monkeypatch.setitem(sys.modules, "mlflow", _module("mlflow", **{n: recorder(n) for n in names}))
+    names = ("set_tracking_uri", "start_run", "log_params", "log_metrics", "log_dict", "end_run")
+    fns = {n: recorder(n) for n in names}
+
+    def create_experiment(name, artifact_location):
+        calls.append(("create_experiment", (name, artifact_location), {}))
+        return "7"
+
+    monkeypatch.setitem(sys.modules, "mlflow", _module(
+        "mlflow", **fns, get_experiment_by_name=lambda name: None,
+        create_experiment=create_experiment))
     return calls
 
 
@@ -97,11 +104,13 @@ def test_wandb_gets_every_step_the_summary_and_is_finished(tmp_path, fake_wandb)
     assert log.tracker.run.summary["accounting_ok"] is True
 
 
-def test_mlflow_uses_a_file_store_in_run_dir_logs_every_step_and_ends(tmp_path, fake_mlflow):
+def test_mlflow_uses_a_local_store_in_run_dir_logs_every_step_and_ends(tmp_path, fake_mlflow):
     _three_steps(_cfg(tmp_path, "mlflow"), tmp_path)
     names = [c[0] for c in fake_mlflow]
-    assert names[:4] == ["set_tracking_uri", "set_experiment", "start_run", "log_params"]
-    assert fake_mlflow[0][1][0] == (tmp_path / "mlruns").resolve().as_uri()
+    assert names[:4] == ["set_tracking_uri", "create_experiment", "start_run", "log_params"]
+    assert fake_mlflow[0][1][0] == f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    assert fake_mlflow[1][1] == ("tether", (tmp_path / "mlartifacts").resolve().as_uri())
+    assert fake_mlflow[2][2]["experiment_id"] == "7"
     assert fake_mlflow[3][1][0]["learner/tracker"] == "mlflow"
     steps = [c for c in fake_mlflow if c[0] == "log_metrics" and "step" in c[2]]
     assert [c[2]["step"] for c in steps] == [1, 2, 3]
