@@ -17,6 +17,7 @@ Replay: with `max_reuse` > 1 a group stays in the buffer until it was served tha
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ class DropReason(str, enum.Enum):
 
 @dataclass
 class TrajGroup:
-    """One finished lease: `num_samples` rollouts of one prompt (learner-side arrays)."""
+    """One finished lease: `num_samples` rollouts of one prompt.
+
+    Per-token arrays are read-only and keep the dtype they arrived in (ids/versions: an
+    integer type, logprobs: a float type, loss_masks: integer or bool 0/1); consumers cast."""
 
     lease_id: int
     prompt_id: int
@@ -51,13 +55,14 @@ class TrajGroup:
     uses: int = 0
     """How many batches this group has been served in."""
 
-    @property
+    @functools.cached_property
     def min_version(self) -> int:
-        """Oldest version among model tokens (loss_mask 1); tool tokens were sampled by no policy."""
+        """Oldest version among model tokens (loss_mask 1); tool tokens were sampled by no policy.
+        Computed once (the arrays never change): `take` asks for it on every wake-up."""
         return min((int(v[m > 0].min()) for v, m in zip(self.versions, self.loss_masks)
                     if (m > 0).any()), default=0)
 
-    @property
+    @functools.cached_property
     def max_version(self) -> int:
         return max((int(v[m > 0].max()) for v, m in zip(self.versions, self.loss_masks)
                     if (m > 0).any()), default=0)
@@ -98,13 +103,25 @@ class ReplayBuffer:
         with self._cond:
             return len(self._groups)
 
+    def room(self) -> int:
+        """How many groups `put_many` may add now (single producer: it only grows meanwhile)."""
+        with self._cond:
+            return self.capacity - len(self._groups)
+
     def put(self, group: TrajGroup) -> None:
         """Add a complete group. The caller must have checked `has_room()` (single producer)."""
+        self.put_many([group])
+
+    def put_many(self, groups: list[TrajGroup]) -> None:
+        """Add complete groups under one lock and one wake-up of `take`. The caller must have
+        checked `room()` (single producer)."""
+        if not groups:
+            return
         with self._cond:
-            if len(self._groups) >= self.capacity:
-                raise RuntimeError("ReplayBuffer.put on a full buffer: check has_room() first")
-            self._groups.append(group)
-            self.received += 1
+            if len(self._groups) + len(groups) > self.capacity:
+                raise RuntimeError("ReplayBuffer.put on a full buffer: check room() first")
+            self._groups.extend(groups)
+            self.received += len(groups)
             self._cond.notify_all()
 
     def take(self, n: int, version: int, timeout: float) -> list[TrajGroup] | None:

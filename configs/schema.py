@@ -90,6 +90,14 @@ class LearnerConfig:
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     tensorboard: bool = True
     """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
+    tracker: str = "none"
+    """Experiment tracker that also gets every step's metrics and the summary: none | wandb | mlflow
+    (the package must be installed: `pip install -e .[tracking]`; the learner refuses to start otherwise)."""
+    tracker_project: str = "tether"
+    """W&B project / MLflow experiment name the run is logged under."""
+    tracker_online: bool = False
+    """False: offline (W&B mode=offline in run_dir/wandb, MLflow SQLite store run_dir/mlflow.db);
+    True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: str = "single"
@@ -211,6 +219,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
     "learner.backend": ("single", "fsdp2", "megatron"),
+    "learner.tracker": ("none", "wandb", "mlflow"),
     "actors.engine": ("hf", "vllm", "simulated"),
     "actors.update_mode": ("wait", "keep", "abort"),
     "transport.weights_via": ("zmq", "filesystem"),

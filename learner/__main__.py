@@ -14,6 +14,7 @@ import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
+from learner import tracking
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(ns.config, ns.overrides)
+        tracking.require(cfg)
     except ConfigError as e:
         print(f"tether-learner: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import torch
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed
+from learner import distributed, tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.metrics import MetricsLog
@@ -49,6 +49,7 @@ def run(cfg: TetherConfig) -> dict | None:
 
     from models.tiny import load_tokenizer
 
+    tracking.require(cfg)
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
     t0 = time.monotonic()
@@ -142,6 +143,7 @@ def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
                        metrics, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    metrics.finish(summary)
     _log_summary(summary)
     return summary
 

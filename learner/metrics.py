@@ -1,5 +1,6 @@
 """Per-step metrics: one JSON line per step in run_dir/metrics.jsonl, a progress line every
-`learner.log_every` steps."""
+`learner.log_every` steps, TensorBoard when installed, and the `learner.tracker` (W&B / MLflow,
+learner/tracking.py) when set."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from configs.schema import TetherConfig
+from learner.tracking import numeric, open_tracker
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_version)
+        self.tracker = open_tracker(cfg, path.parent)
         self.t0 = time.monotonic()
         self.last_t = self.t0
         self.rows: list[dict] = []
@@ -50,6 +53,8 @@ class MetricsLog:
             for k, v in row.items():
                 if k != "step":
                     self.tb.add_scalar(k, v, version)
+        if self.tracker is not None:
+            self.tracker.log(version, numeric({k: v for k, v in row.items() if k != "step"}))
         if version % self.cfg.learner.log_every == 0 or version == self.cfg.learner.max_steps:
             log.info("step %d/%d | reward %.3f | staleness %.2f (max %d) | %.0f tok/s | "
                      "buffer %d/%d | actors %d | dropped stale %d | clip %.3f | kl %.2e",
@@ -59,9 +64,16 @@ class MetricsLog:
                      row["dropped_stale"], row["clip_frac"], row["kl_behavior_prox_k3"])
 
     def close(self) -> None:
+        """Close metrics.jsonl and TensorBoard; the tracker stays open for `finish`."""
         self.file.close()
         if self.tb is not None:
             self.tb.close()
+
+    def finish(self, summary: dict) -> None:
+        """Give the tracker the run's summary and end its run."""
+        if self.tracker is not None:
+            self.tracker.summary(summary)
+            self.tracker.close()
 
     def summary(self) -> dict:
         if not self.rows:

@@ -30,7 +30,7 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from buffer.replay import DropReason, ReplayBuffer
+from buffer.replay import DropReason, ReplayBuffer, TrajGroup
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
@@ -165,6 +165,7 @@ class LearnerServer(threading.Thread):
             poller.register(mon, zmq.POLLIN)
         reading_trajectories = False
         stopping: str | None = None
+        next_expiry = 0.0
         while stopping is None:
             want = self.buffer.has_room()
             if want != reading_trajectories:
@@ -180,26 +181,41 @@ class LearnerServer(threading.Thread):
                 if self.weights in events:
                     self._drain(self.weights, self._on_weight_request)
                 if self.trajectory in events:
-                    self._drain(self.trajectory, self._on_trajectory, until_full=True)
+                    self._read_trajectories()
                 if self._wake_rx in events:
                     self._drain(self._wake_rx, lambda frames: None)
                 for mon, name in self._monitors.items():
                     if mon in events:
                         self._drain(mon, lambda frames, name=name: self._on_disconnect(name))
                 stopping = self._run_commands()
-                self._expire_dead_actors()
+                if time.monotonic() >= next_expiry:  # O(actors + leases): once per tick is enough
+                    self._expire_dead_actors()
+                    next_expiry = time.monotonic() + TICK_MS / 1000
                 self._serve_parked()
         self._shutdown(stopping)
 
-    def _drain(self, sock: zmq.Socket, handler, until_full: bool = False, limit: int = 256) -> None:
+    def _drain(self, sock: zmq.Socket, handler, limit: int = 256) -> None:
         for _ in range(limit):
-            if until_full and not self.buffer.has_room():
-                return
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
             handler(frames)
+
+    def _read_trajectories(self, limit: int = 256) -> None:
+        """Read up to `limit` queued results (never more than the buffer has room for) and add
+        the valid ones to the buffer together: one lock and one wake-up of the trainer per
+        batch. Frames are not copied: msgspec decodes straight from ZeroMQ's buffer."""
+        groups = []
+        for _ in range(min(limit, self.buffer.room())):
+            try:
+                frames = self.trajectory.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            group = self._on_trajectory(frames)
+            if group is not None:
+                groups.append(group)
+        self.buffer.put_many(groups)
 
     def _run_commands(self) -> str | None:
         while True:
@@ -346,15 +362,16 @@ class LearnerServer(threading.Thread):
         self.leases.expire_unclaimed(set(self.actors), now - self.tcfg.peer_timeout_s)
 
     # ------------------------------------------------------------ trajectory channel
-    def _on_trajectory(self, frames: list[bytes]) -> None:
+    def _on_trajectory(self, frames: list[zmq.Frame]) -> TrajGroup | None:
+        """The valid group a message carries, or None (rejected or dropped, and counted)."""
         if len(frames) != 1:
             self._reject("malformed", f"trajectory message with {len(frames)} frames")
-            return
+            return None
         try:
-            msg = self._dec.trajectory.decode(frames[0])
+            msg = self._dec.trajectory.decode(frames[0].buffer)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             self._reject("malformed", f"trajectory: {e}")
-            return
+            return None
         rec = self.leases.complete(msg.lease_id, msg.actor_id)
         if rec is None:
             if self.leases.is_closed(msg.lease_id):
@@ -363,7 +380,7 @@ class LearnerServer(threading.Thread):
             else:
                 self._reject("unknown_lease", f"lease {msg.lease_id} from {msg.actor_id!r} is not "
                              "outstanding for that actor")
-            return
+            return None
         if st := self.actors.get(msg.actor_id):
             st.last_seen = time.monotonic()
         errors = [s.error for s in msg.samples if s.error]
@@ -371,15 +388,15 @@ class LearnerServer(threading.Thread):
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
                         errors[0])
             self.leases.drop(rec, DropReason.AGENT_ERROR)
-            return
+            return None
         try:
             group = to_group(msg, rec, self.vocab_size, self.version,
                              max_tokens=max_completion_tokens(self.cfg))
         except InvalidTrajectory as e:
             self.leases.drop(rec, DropReason.INVALID)
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
-            return
-        self.buffer.put(group)
+            return None
+        return group
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

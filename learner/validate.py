@@ -14,12 +14,13 @@ Value checks run once over the whole group (concatenated); only a failure looks 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
 from buffer.replay import TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import GroupResult
+from transport.messages import ALLOWED_DTYPES, GroupResult, Sample
 
 
 class InvalidTrajectory(ValueError):
@@ -28,60 +29,148 @@ class InvalidTrajectory(ValueError):
 
 def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_version: int,
              max_tokens: int) -> TrajGroup:
-    """Convert and validate; raises InvalidTrajectory naming the first problem found."""
+    """Convert and validate; raises InvalidTrajectory naming the first problem found.
+
+    Dtype names, shapes and byte counts are compared column by column as lists; each column's
+    bytes are then joined and every value check runs once over the whole group. Only when a
+    check fails does a per-sample pass look for the sample to name. The group's per-token
+    arrays are read-only views of the joined bytes, in the dtype they arrived in (the batch
+    collation casts them while it pads)."""
     if msg.prompt_id != lease.prompt.prompt_id:
         raise InvalidTrajectory(f"prompt_id {msg.prompt_id} != leased {lease.prompt.prompt_id}")
-    samples = sorted(msg.samples, key=lambda s: s.sample_index)
-    indices = [s.sample_index for s in samples]
-    if indices != list(range(lease.num_samples)):
-        raise InvalidTrajectory(f"sample indices {indices[:10]} are not 0..{lease.num_samples - 1}")
-    cols: list[list[np.ndarray]] = [[], [], [], []]
-    for s in samples:
-        try:
-            arrays = (s.completion_ids.to_numpy(), s.logprobs.to_numpy(), s.versions.to_numpy(),
-                      s.loss_mask.to_numpy())
-        except ValueError as e:
-            raise InvalidTrajectory(f"sample {s.sample_index}: {e}") from None
-        _check_shapes(s.sample_index, arrays, max_tokens)
-        for col, a in zip(cols, arrays):
-            col.append(a)
-    ids, lps, vers, masks = (np.concatenate(c) for c in cols)
-    bad = _first_bad_value(ids, lps, vers, masks, vocab_size, lease.min_version, latest_version)
-    if bad is not None:
-        index, problem = bad
-        sample = int(np.searchsorted(np.cumsum([len(a) for a in cols[0]]), index, side="right"))
+    samples = msg.samples
+    expected = list(range(lease.num_samples))
+    if [s.sample_index for s in samples] != expected:
+        samples = sorted(samples, key=lambda s: s.sample_index)
+        indices = [s.sample_index for s in samples]
+        if indices != expected:
+            raise InvalidTrajectory(f"sample indices {indices[:10]} are not "
+                                    f"0..{lease.num_samples - 1}")
+    lengths = _uniform_lengths(samples, max_tokens)
+    if lengths is None:  # mixed dtypes, or a problem that _check_sample names
+        lengths = [_check_sample(s, max_tokens) for s in samples]
+    ids, lps, vers, masks = (_column(samples, name) for name in COLUMNS)
+    bounds = np.cumsum(lengths)
+    if not _values_ok(ids, lps, vers, masks, vocab_size, lease.min_version, latest_version):
+        index, problem = _first_bad_value(ids, lps, vers, masks, vocab_size, lease.min_version,
+                                          latest_version)
+        sample = int(np.searchsorted(bounds, index, side="right"))
         raise InvalidTrajectory(f"sample {sample}: {problem}")
-    rewards = np.asarray([s.reward for s in samples], dtype=np.float32)
-    if not all(math.isfinite(s.reward) for s in samples):
+    model_tokens = np.maximum.reduceat(masks, bounds - lengths)  # masks are 0/1 by now
+    if not model_tokens.all():
+        raise InvalidTrajectory(f"sample {int(np.argmin(model_tokens))}: no model tokens "
+                                "(loss_mask 1) to train on")
+    rewards = np.array([s.reward for s in samples], dtype=np.float64)
+    if not np.isfinite(rewards).all():
         raise InvalidTrajectory(f"reward must be finite, got {rewards.tolist()}")
+    starts = (bounds - lengths).tolist()
+    ends = bounds.tolist()
+
+    def split(a: np.ndarray) -> list[np.ndarray]:
+        return [a[i:j] for i, j in zip(starts, ends)]
+
     return TrajGroup(lease_id=lease.lease_id, prompt_id=lease.prompt.prompt_id,
                      actor_id=lease.actor_id, prompt_ids=lease.prompt.token_ids.astype(np.int64),
-                     completions=[a.astype(np.int64) for a in cols[0]],
-                     logprobs=[a.astype(np.float32) for a in cols[1]],
-                     versions=[a.astype(np.int64) for a in cols[2]],
-                     loss_masks=[a.astype(np.float32) for a in cols[3]], rewards=rewards)
+                     completions=split(ids), logprobs=split(lps), versions=split(vers),
+                     loss_masks=split(masks), rewards=rewards.astype(np.float32))
 
 
-def _check_shapes(index: int, arrays: tuple[np.ndarray, ...], max_tokens: int) -> None:
-    ids, lp, ver, mask = arrays
-    where = f"sample {index}"
-    n = ids.shape[0] if ids.ndim == 1 else -1
-    if n < 1 or any(a.shape != (n,) for a in (lp, ver, mask)):
+COLUMNS = ("completion_ids", "logprobs", "versions", "loss_mask")
+"""The per-token arrays of a Sample, in the order the checks use them."""
+
+KINDS = {"completion_ids": "iu", "logprobs": "f", "versions": "iu", "loss_mask": "iub"}
+"""dtype kinds each column may have (all of them one length per sample)."""
+
+_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES if name != "bfloat16"}
+
+
+_GET = {name: operator.attrgetter(name) for name in COLUMNS}
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _uniform_lengths(samples: list[Sample], max_tokens: int) -> list[int] | None:
+    """Token count per sample when every column has one allowed dtype of the right kind, 1-D
+    shapes equal across the columns, 1..max_tokens tokens and the right byte counts; None
+    otherwise (then `_check_sample` accepts mixed dtypes or names the problem)."""
+    shapes = list(map(_SHAPE, map(_GET["completion_ids"], samples)))
+    lengths = [sh[0] for sh in shapes if len(sh) == 1]
+    if len(lengths) != len(shapes) or min(lengths) < 1 or max(lengths) > max_tokens:
+        return None
+    for name in COLUMNS:
+        arrays = list(map(_GET[name], samples))
+        dtypes = set(map(_DTYPE, arrays))
+        dt = _DTYPES.get(dtypes.pop()) if len(dtypes) == 1 else None
+        if dt is None or dt.kind not in KINDS[name] or list(map(_SHAPE, arrays)) != shapes:
+            return None
+        if [len(a.data) for a in arrays] != [n * dt.itemsize for n in lengths]:
+            return None
+    return lengths
+
+
+def _check_sample(s: Sample, max_tokens: int) -> int:
+    """Scalar checks of one sample's arrays (dtype, 1-D, one length, byte count); its length."""
+    arrays = [getattr(s, name) for name in COLUMNS]
+    where = f"sample {s.sample_index}"
+    for a in arrays:
+        dt = _DTYPES.get(a.dtype)
+        if dt is None:
+            raise InvalidTrajectory(f"{where}: array dtype {a.dtype!r} is not one of "
+                                    f"{ALLOWED_DTYPES[:-1]}")
+        if any(d < 0 for d in a.shape):
+            raise InvalidTrajectory(f"{where}: array shape {a.shape} has a negative dimension")
+        need = math.prod(a.shape) * dt.itemsize
+        if need != len(a.data):
+            raise InvalidTrajectory(f"{where}: array of dtype {a.dtype} and shape {a.shape} "
+                                    f"needs {need} bytes, got {len(a.data)}")
+    shapes = [a.shape for a in arrays]
+    n = shapes[0][0] if len(shapes[0]) == 1 else -1
+    if n < 1 or any(sh != (n,) for sh in shapes[1:]):
         raise InvalidTrajectory(f"{where}: arrays must be 1-D of one length >= 1, got shapes "
-                                f"{ids.shape}, {lp.shape}, {ver.shape}, {mask.shape}")
+                                + ", ".join(str(sh) for sh in shapes))
     if n > max_tokens:
         raise InvalidTrajectory(f"{where}: {n} tokens > limit {max_tokens}")
-    if mask.dtype.kind in "iub" and not (mask == 1).any():
-        raise InvalidTrajectory(f"{where}: no model tokens (loss_mask 1) to train on")
-    if ids.dtype.kind not in "iu" or ver.dtype.kind not in "iu" or mask.dtype.kind not in "iub":
-        raise InvalidTrajectory(f"{where}: ids/versions/mask must be integer arrays")
-    if lp.dtype.kind != "f":
-        raise InvalidTrajectory(f"{where}: logprobs must be floating point, got {lp.dtype}")
+    for name, a in zip(COLUMNS, arrays):
+        if _DTYPES[a.dtype].kind not in KINDS[name]:
+            raise InvalidTrajectory(
+                f"{where}: logprobs must be floating point, got {a.dtype}" if name == "logprobs"
+                else f"{where}: ids/versions/mask must be integer arrays")
+    return n
+
+
+def _column(samples: list[Sample], name: str) -> np.ndarray:
+    """One column of the whole group as one array: the samples' bytes joined when they share a
+    dtype (the usual case), else the per-sample arrays concatenated (numpy's common dtype)."""
+    arrays = list(map(_GET[name], samples))
+    dtype = arrays[0].dtype
+    if all(a.dtype == dtype for a in arrays):
+        return np.frombuffer(b"".join(a.data for a in arrays), dtype=_DTYPES[dtype])
+    return np.concatenate([a.to_numpy() for a in arrays])
+
+
+def _values_ok(ids, lps, vers, masks, vocab_size: int, min_version: int,
+               latest_version: int) -> bool:
+    """True if every value check passes: reductions only, no per-token temporaries. (A NaN
+    logprob makes min/max NaN, and every comparison with NaN is False.)"""
+    if not (ids.min() >= 0 and ids.max() < vocab_size):
+        return False
+    if not (lps.min() > -np.inf and lps.max() <= 1e-3):
+        return False
+    if not (masks.min() >= 0 and masks.max() <= 1):
+        return False
+    if vers.max() > latest_version:
+        return False
+    lowest = vers.min()
+    if lowest >= max(min_version, -1):
+        return True
+    # some token is older than the lease: fine only for tool tokens (mask 0) at -1 or later
+    return lowest >= -1 and vers[masks == 1].min(initial=min_version) >= min_version
 
 
 def _first_bad_value(ids, lps, vers, masks, vocab_size: int, min_version: int,
-                     latest_version: int) -> tuple[int, str] | None:
-    """(token index, problem) of the first value check that fails, or None."""
+                     latest_version: int) -> tuple[int, str]:
+    """(token index, problem) of the first value check that fails (called after `_values_ok`
+    found one)."""
     model = masks == 1
     checks = (
         ((ids < 0) | (ids >= vocab_size), f"token id outside vocabulary [0, {vocab_size})"),
@@ -96,4 +185,4 @@ def _first_bad_value(ids, lps, vers, masks, vocab_size: int, min_version: int,
     for bad, problem in checks:
         if bad.any():
             return int(np.argmax(bad)), problem
-    return None
+    raise AssertionError("_values_ok and _first_bad_value disagree")

@@ -73,7 +73,8 @@ def _server(num_groups: int, model_dir: Path, **transport):
 
     overrides = [f"transport.{k}={v}" for k, v in transport.items()]
     cfg = load_config(PRESET, [f"buffer.capacity_groups={max(num_groups, 16)}",
-                               f"task.max_new_tokens=4096", *overrides])
+                               "task.max_new_tokens=4096", "actors.max_total_tokens=4096",
+                               *overrides])
     leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
     leases.grant("bench", "", num_groups, version=0, dropped_elsewhere=0)
     buf = ReplayBuffer(max(num_groups, 16), max_staleness=10)

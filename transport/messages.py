@@ -25,7 +25,7 @@ PROTOCOL_VERSION = 1
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 
 
-class Array(msgspec.Struct, frozen=True):
+class Array(msgspec.Struct, frozen=True, gc=False):
     """A dense array as raw little-endian bytes + dtype + shape (never a list of numbers)."""
 
     dtype: str
@@ -156,7 +156,7 @@ LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | Shutdown
 
 # ---------------------------------------------------------------- trajectory: actor -> learner
 
-class Sample(msgspec.Struct):
+class Sample(msgspec.Struct, gc=False):
     """One rollout. `completion_ids`, `logprobs`, `versions` and `loss_mask` are aligned per token:
     the behavior logprob under the sampling distribution, the policy version that sampled the
     token, and 1 for model tokens (0 for tool/environment tokens)."""
@@ -170,7 +170,7 @@ class Sample(msgspec.Struct):
     error: str = ""
 
 
-class GroupResult(msgspec.Struct, tag="group"):
+class GroupResult(msgspec.Struct, tag="group", gc=False):
     """Actor -> learner: the finished rollouts of one lease."""
 
     lease_id: int
