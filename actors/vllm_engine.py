@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import logging
 from pathlib import Path
 from typing import Callable
 
@@ -30,8 +29,6 @@ import msgspec
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
-
-log = logging.getLogger(__name__)
 
 UPDATE_MODES = ("wait", "keep", "abort")
 
