@@ -3,7 +3,8 @@
 msgspec already guaranteed the types; this checks meaning: array dtypes and lengths agree,
 token ids are inside the vocabulary, logprobs are finite and <= 0, versions of model tokens
 (loss_mask 1) lie between the lease's min_version and the current version, the lease's samples
-are all there exactly once, and every sample has at least one model token.
+are all there exactly once, every sample has at least one model token, and its `finish` is a
+known end reason other than "error" (or "" from agents that do not say).
 
 Tool/environment tokens (loss_mask 0) were sampled by no policy: they are never trained on and
 do not count toward a group's min_version or staleness. Agents give them version -1 and logprob
@@ -19,7 +20,10 @@ import numpy as np
 
 from buffer.replay import TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import GroupResult
+from transport.messages import FINISH_REASONS, GroupResult
+
+CLEAN_ENDS = ("", *(r for r in FINISH_REASONS if r != "error"))
+"""`Sample.finish` values a trajectory without an error may carry."""
 
 
 class InvalidTrajectory(ValueError):
@@ -37,6 +41,9 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
         raise InvalidTrajectory(f"sample indices {indices[:10]} are not 0..{lease.num_samples - 1}")
     cols: list[list[np.ndarray]] = [[], [], [], []]
     for s in samples:
+        if s.finish not in CLEAN_ENDS:
+            raise InvalidTrajectory(f"sample {s.sample_index}: finish must be one of {CLEAN_ENDS} "
+                                    f"when there is no error, got {s.finish!r}")
         try:
             arrays = (s.completion_ids.to_numpy(), s.logprobs.to_numpy(), s.versions.to_numpy(),
                       s.loss_mask.to_numpy())
