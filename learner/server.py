@@ -389,11 +389,11 @@ class LearnerServer(threading.Thread):
 
     def _count_ends(self, msg: m.GroupResult) -> None:
         """Samples with an error ended in "error" whatever they claim; unknown claims of an
-        agent-error group (never validated) count as "unreported"."""
-        with self._lock:
-            self.rollout_ends.update(
-                "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
-                for s in msg.samples)
+        agent-error group (never validated) count as "unreported". Runs under `_lock`, as
+        every handler does."""
+        self.rollout_ends.update(
+            "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
+            for s in msg.samples)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

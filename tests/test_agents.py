@@ -324,6 +324,21 @@ def test_openai_client_agent_yields_the_same_trajectory_as_the_tool_agent():
     assert endpoint.sessions == {}
 
 
+def test_openai_example_agent_answers_a_bad_call_with_an_error_and_goes_on():
+    endpoint = OpenAIEndpoint(CHAT, 0, max_turns=3, max_total_tokens=40)
+    agent = OpenAIAgent(endpoint, calculator_agent, TASK.reward)
+    llm = ScriptedLLM(["<call> calc 3 4 7 + + </call>", ANSWER])
+
+    async def go():
+        r = await agent.run(rollout_task(), llm)
+        await endpoint.close_server()
+        return r
+
+    r = asyncio.run(go())
+    assert len(llm.calls) == 2 and r.reward == 1.0 and r.finish == "answer"
+    assert TOK.convert_tokens_to_ids("error") in r.completion_ids[r.loss_mask == 0]
+
+
 def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
     endpoint = OpenAIEndpoint(CHAT, 0, max_turns=2, max_total_tokens=40)
     task = rollout_task()
