@@ -48,12 +48,13 @@ class Finish(str, enum.Enum):
     """Why a rollout ended (the wire's `Sample.finish`; transport.messages.FINISH_REASONS)."""
 
     ANSWER = "answer"
-    """The model answered: stopped at end-of-turn without calling a tool."""
+    """The model ended its turn (end-of-turn token) without calling a tool, or the OpenAI
+    client stopped asking."""
     MAX_TURNS = "max_turns"
     """The model used all `actors.max_turns` turns (its last one still called a tool)."""
     MAX_TOKENS = "max_tokens"
-    """Out of tokens: the next turn would not fit into `actors.max_total_tokens` (multi-turn),
-    or the only turn hit the per-turn limit `task.max_new_tokens` (single-turn)."""
+    """Out of tokens: the last model turn was cut at its limit (`task.max_new_tokens`, or what
+    was left of `actors.max_total_tokens`), or the next turn would not fit into the latter."""
     ERROR = "error"
     """The agent raised; the sample carries the error instead of a trajectory."""
 

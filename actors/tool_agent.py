@@ -42,8 +42,8 @@ class ToolAgent:
             text = self.chat.text(c.token_ids)
             history.append({"role": "assistant", "content": text})
             call = parse_call(text)
-            if call is None:
-                return Finish.ANSWER
+            if call is None:  # an answer, unless the turn was cut at its token limit
+                return Finish.ANSWER if c.finish_reason == "stop" else Finish.MAX_TOKENS
             if traj.turns >= self.max_turns:
                 return Finish.MAX_TURNS
             tool = {"role": "tool", "content": await self.tools.call(call)}

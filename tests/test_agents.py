@@ -172,6 +172,8 @@ def test_rollouts_report_how_they_ended():
     assert run(tool_agent(), ScriptedLLM([CALL, ANSWER])).finish == "answer"
     assert run(tool_agent(max_turns=2), ScriptedLLM([CALL])).finish == "max_turns"
     assert run(tool_agent(max_turns=5, max_total_tokens=30), ScriptedLLM([CALL])).finish == "max_tokens"
+    cut_answer = asyncio.run(tool_agent().run(rollout_task(max_new_tokens=2), ScriptedLLM([ANSWER])))
+    assert cut_answer.finish == "max_tokens"  # no call, but cut before its <eos>
     single = SingleTurnAgent(TASK.reward)
     assert run(single, ScriptedLLM([ANSWER])).finish == "answer"  # stopped at <eos>
     cut = asyncio.run(single.run(rollout_task(max_new_tokens=2), ScriptedLLM([ANSWER])))
