@@ -28,7 +28,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agent import Agent, Rollout, RolloutTask, SingleTurnAgent, make_agent
+from actors.agent import Agent, Finish, Rollout, RolloutTask, SingleTurnAgent, make_agent
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
@@ -382,8 +382,9 @@ def _sample(index: int, r: Rollout | BaseException) -> m.Sample:
         log.warning("agent failed on sample %d: %r", index, r)
         empty = m.Array.from_numpy(np.zeros(0, dtype=np.int32))
         return m.Sample(sample_index=index, completion_ids=empty, logprobs=empty, versions=empty,
-                        loss_mask=empty, reward=0.0, error=f"{type(r).__name__}: {r}"[:500])
+                        loss_mask=empty, reward=0.0, error=f"{type(r).__name__}: {r}"[:500],
+                        finish=Finish.ERROR.value)
     return m.Sample(sample_index=index, completion_ids=m.Array.from_numpy(r.completion_ids),
                     logprobs=m.Array.from_numpy(r.logprobs), versions=m.Array.from_numpy(r.versions),
-                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward)
+                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward, finish=r.finish)
 

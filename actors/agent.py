@@ -15,6 +15,7 @@ An agent that raises fails its sample; the learner drops the group as `agent_err
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -43,6 +44,21 @@ class RolloutTask:
         return sample_seed(self.run_seed, self.prompt_id, self.sample_index, turn)
 
 
+class Finish(str, enum.Enum):
+    """Why a rollout ended (the wire's `Sample.finish`; transport.messages.FINISH_REASONS)."""
+
+    ANSWER = "answer"
+    """The model ended its turn (end-of-turn token) without calling a tool, or the OpenAI
+    client stopped asking."""
+    MAX_TURNS = "max_turns"
+    """The model used all `actors.max_turns` turns (its last one still called a tool)."""
+    MAX_TOKENS = "max_tokens"
+    """Out of tokens: the last model turn was cut at its limit (`task.max_new_tokens`, or what
+    was left of `actors.max_total_tokens`), or the next turn would not fit into the latter."""
+    ERROR = "error"
+    """The agent raised; the sample carries the error instead of a trajectory."""
+
+
 @dataclass
 class Rollout:
     """Token-aligned arrays for everything after the prompt, plus the reward."""
@@ -52,6 +68,8 @@ class Rollout:
     versions: np.ndarray
     loss_mask: np.ndarray
     reward: float
+    finish: str = ""
+    """Why it ended: a `Finish` value ("" = the agent does not say). Reported to the learner."""
 
 
 class Agent(Protocol):
@@ -69,9 +87,10 @@ class SingleTurnAgent:
 
     async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
         c = await llm.generate(task.prompt_ids, task.max_new_tokens, task.temperature, task.seed())
+        finish = Finish.ANSWER if c.finish_reason == "stop" else Finish.MAX_TOKENS
         return Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                        loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
-                       reward=float(self.reward_fn(task.meta, c.token_ids)))
+                       reward=float(self.reward_fn(task.meta, c.token_ids)), finish=finish.value)
 
 
 def make_agent(cfg: "TetherConfig", task, tokenizer) -> Agent:
@@ -79,19 +98,19 @@ def make_agent(cfg: "TetherConfig", task, tokenizer) -> Agent:
     A = cfg.actors
     if A.agent == "single_turn":
         return SingleTurnAgent(task.reward)
-    from actors.chat import ChatFormat
+    from actors.chat import make_chat_format
 
     if A.agent == "tools":
         from actors.tool_agent import ToolAgent
         from actors.tools import make_tools
 
-        return ToolAgent(task.reward, ChatFormat(tokenizer),
+        return ToolAgent(task.reward, make_chat_format(tokenizer),
                          make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb),
                          A.max_turns, A.max_total_tokens)
     if A.agent == "openai":
         from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
 
-        endpoint = OpenAIEndpoint(ChatFormat(tokenizer), A.openai_port, A.max_turns,
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
                                   A.max_total_tokens)
         return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
     raise ValueError(f"unknown agent {A.agent!r}")

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import msgspec
+import numpy as np
 
-from actors.agent import RewardFn, Rollout, RolloutTask
+from actors.agent import Finish, RewardFn, Rollout, RolloutTask
 from actors.chat import ChatFormat
 from actors.client import EngineClient
+from actors.engine import Completion
 from actors.trajectory import TrajectoryBuilder
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,19 @@ class Session:
     """(role, content) of every message seen so far, with our answers."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     error: BaseException | None = None
-    """An engine failure while answering: fails the rollout."""
+    """An engine or chat-format failure while answering: fails the rollout."""
+    last_turn: Completion | None = None
+    """The newest model turn as generated."""
+    finish: Finish | None = None
+    """Set when a turn or token limit was reached; later calls get empty answers."""
+
+    def finish_reason(self) -> Finish:
+        """How the rollout ended once the client is done: a limit it hit, the last turn cut at
+        the per-turn token limit, or else an answer."""
+        if self.finish is not None:
+            return self.finish
+        cut = self.last_turn is not None and self.last_turn.finish_reason == "length"
+        return Finish.MAX_TOKENS if cut else Finish.ANSWER
 
 
 class OpenAIEndpoint:
@@ -131,6 +145,12 @@ class OpenAIEndpoint:
         except HTTPError as e:
             status = e.status
             payload = {"error": {"message": str(e), "type": "invalid_request_error", "code": status}}
+        except asyncio.CancelledError:
+            # The actor is stopping and its loop cancels every task. This task is the server's,
+            # awaited by no one, so it ends quietly (Python 3.11's start_server would log a
+            # cancelled connection handler as an error); the client sees the connection close.
+            writer.close()
+            return
         data = json.dumps(payload).encode()
         writer.write(f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
@@ -180,17 +200,18 @@ class OpenAIEndpoint:
         new = msgs[len(s.history):]
         if not new or any(role == "assistant" for role, _ in new):
             raise HTTPError(400, "a call must add at least one message and no assistant message")
-        rendered = self.chat.render([{"role": r, "content": c} for r, c in new],
-                                    start=not s.history)
+        if s.finish is not None:  # a limit was reached: every further call gets an empty answer
+            return self._refuse(s, new)
+        rendered = self._render(s, new)
         if not s.history and rendered.tolist() != task.prompt_ids.tolist():
             raise HTTPError(400, "the first messages must be the task prompt as given")
-        s.history.extend(new)
         limit = min(task.max_new_tokens, req.max_tokens or task.max_new_tokens,
                     req.max_completion_tokens or task.max_new_tokens)
         room = traj.remaining - (len(rendered) if traj.turns else 0)
         if traj.turns >= self.max_turns or room < 1:
-            s.history.append(("assistant", ""))
-            return _response(s, len(traj.context()), "", 0, "length")
+            s.finish = Finish.MAX_TURNS if traj.turns >= self.max_turns else Finish.MAX_TOKENS
+            return self._refuse(s, new)
+        s.history.extend(new)
         if traj.turns:
             traj.add_environment(rendered)
         try:
@@ -201,9 +222,28 @@ class OpenAIEndpoint:
             raise HTTPError(500, f"generation failed: {e!r}") from None
         prompt_tokens = len(traj.context())
         traj.add_model(c)
+        s.last_turn = c
         text = self.chat.text(c.token_ids)
         s.history.append(("assistant", text))
         return _response(s, prompt_tokens, text, len(c.token_ids), c.finish_reason)
+
+    def _render(self, s: Session, new: list[tuple[str, str]]) -> np.ndarray:
+        """Token ids of the new messages (after the last model turn, if any)."""
+        as_dicts = lambda pairs: [{"role": r, "content": c} for r, c in pairs]  # noqa: E731
+        try:
+            if s.last_turn is None:
+                return self.chat.start(as_dicts(new))
+            return self.chat.follow(as_dicts(s.history), s.last_turn.token_ids, as_dicts(new))
+        except ValueError as e:  # the chat format cannot continue this conversation
+            s.error = e
+            raise HTTPError(400, str(e)) from None
+
+    @staticmethod
+    def _refuse(s: Session, new: list[tuple[str, str]]) -> dict:
+        """Past a limit: an empty answer with finish_reason "length" (nothing is recorded)."""
+        s.history.extend(new)
+        s.history.append(("assistant", ""))
+        return _response(s, len(s.traj.context()), "", 0, "length")
 
 
 def _response(s: Session, prompt_tokens: int, text: str, completion_tokens: int,
@@ -251,4 +291,4 @@ class OpenAIAgent:
         if session.error is not None:
             raise session.error
         ids = session.traj.context()[len(task.prompt_ids):]
-        return session.traj.rollout(self.reward_fn(task.meta, ids))
+        return session.traj.rollout(self.reward_fn(task.meta, ids), session.finish_reason())

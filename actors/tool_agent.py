@@ -29,21 +29,26 @@ class ToolAgent:
 
     async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
         traj = TrajectoryBuilder(task.prompt_ids, self.max_total_tokens)
-        await self.episode(task, llm, traj)
-        return traj.rollout(self.reward_fn(task.meta, traj.context()[len(task.prompt_ids):]))
+        finish = await self.episode(task, llm, traj)
+        return traj.rollout(self.reward_fn(task.meta, traj.context()[len(task.prompt_ids):]),
+                            finish)
 
     async def episode(self, task: RolloutTask, llm: EngineClient, traj: TrajectoryBuilder) -> Finish:
+        history = self.chat.prompt_messages(task.prompt_ids)
         while True:
             c = await llm.generate(traj.context(), min(task.max_new_tokens, traj.remaining),
                                    task.temperature, task.seed(traj.turns))
             traj.add_model(c)
-            call = parse_call(self.chat.text(c.token_ids))
-            if call is None:
-                return Finish.ANSWER
+            text = self.chat.text(c.token_ids)
+            history.append({"role": "assistant", "content": text})
+            call = parse_call(text)
+            if call is None:  # an answer, unless the turn was cut at its token limit
+                return Finish.ANSWER if c.finish_reason == "stop" else Finish.MAX_TOKENS
             if traj.turns >= self.max_turns:
                 return Finish.MAX_TURNS
-            result = self.chat.render([{"role": "tool", "content": await self.tools.call(call)}],
-                                      start=False)
+            tool = {"role": "tool", "content": await self.tools.call(call)}
+            result = self.chat.follow(history, c.token_ids, [tool])
+            history.append(tool)
             if len(result) >= traj.remaining:  # no room for the result and one more model token
                 return Finish.MAX_TOKENS
             traj.add_environment(result)

@@ -8,23 +8,12 @@ nothing is ever re-tokenized from text.
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
-from actors.agent import Rollout
+from actors.agent import Finish, Rollout
 from actors.engine import Completion
 
-
-class Finish(str, enum.Enum):
-    """Why a multi-turn rollout ended."""
-
-    ANSWER = "answer"
-    """The model answered without calling a tool."""
-    MAX_TURNS = "max_turns"
-    """The model used all `actors.max_turns` turns."""
-    MAX_TOKENS = "max_tokens"
-    """The next turn would not fit into `actors.max_total_tokens`."""
+__all__ = ["Finish", "TrajectoryBuilder"]
 
 
 class TrajectoryBuilder:
@@ -67,10 +56,11 @@ class TrajectoryBuilder:
         self._masks.append(np.full(n, mask, dtype=np.uint8))
         self.num_tokens += n
 
-    def rollout(self, reward: float) -> Rollout:
+    def rollout(self, reward: float, finish: Finish) -> Rollout:
         if self.turns == 0:
             raise ValueError("a rollout needs at least one model turn")
         return Rollout(completion_ids=np.concatenate(self._ids),
                        logprobs=np.concatenate(self._logprobs),
                        versions=np.concatenate(self._versions),
-                       loss_mask=np.concatenate(self._masks), reward=float(reward))
+                       loss_mask=np.concatenate(self._masks), reward=float(reward),
+                       finish=finish.value)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from configs.schema import TetherConfig
 from learner.tracking import numeric, open_tracker
+from transport.messages import FINISH_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class MetricsLog:
         self.t0 = time.monotonic()
         self.last_t = self.t0
         self.rows: list[dict] = []
+        self.ends_seen: dict[str, int] = {}
+        """The server's cumulative rollout end counts at the previous row."""
 
     def record(self, version: int, m: dict, step_t0: float, server: dict, buffer: dict) -> None:
         now = time.monotonic()
@@ -44,7 +47,8 @@ class MetricsLog:
                "dropped_stale": buffer["dropped"].get("stale", 0),
                "dropped_stale_frac": buffer["dropped"].get("stale", 0) / max(buffer["received"], 1),
                "actors_connected": server["actors_connected"],
-               "leases_outstanding": server["leases"]["outstanding"]}
+               "leases_outstanding": server["leases"]["outstanding"],
+               **self._ends(server["rollout_ends"])}
         self.last_t = now
         self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
         self.file.write(json.dumps(row) + "\n")
@@ -62,6 +66,14 @@ class MetricsLog:
                      row["staleness_mean"], row["staleness_max"], row["tokens_per_s"],
                      row["buffer_size"], row["buffer_capacity"], row["actors_connected"],
                      row["dropped_stale"], row["clip_frac"], row["kl_behavior_prox_k3"])
+
+    def _ends(self, ends: dict[str, int]) -> dict[str, float]:
+        """How the rollouts received since the previous step ended: their number and the
+        fraction per end reason (answer / max_turns / max_tokens / error)."""
+        new = {k: v - self.ends_seen.get(k, 0) for k, v in ends.items()}
+        self.ends_seen = dict(ends)
+        n = sum(new.values())
+        return {"rollouts": n, **{f"end_{r}_frac": new.get(r, 0) / max(n, 1) for r in FINISH_REASONS}}
 
     def close(self) -> None:
         """Close metrics.jsonl and TensorBoard; the tracker stays open for `finish`."""

@@ -71,6 +71,9 @@ class LearnerServer(threading.Thread):
         self.actors: dict[str, ActorState] = {}
         self.rejected: Counter[str] = Counter()
         """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
+        self.rollout_ends: Counter[str] = Counter()
+        """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
+        transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
         self.weights_served = 0
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -146,6 +149,7 @@ class LearnerServer(threading.Thread):
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
                 "weights_served": self.weights_served,
+                "rollout_ends": dict(self.rollout_ends),
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -388,6 +392,7 @@ class LearnerServer(threading.Thread):
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
                         errors[0])
             self.leases.drop(rec, DropReason.AGENT_ERROR)
+            self._count_ends(msg)
             return None
         try:
             group = to_group(msg, rec, self.vocab_size, self.version,
@@ -396,7 +401,16 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.INVALID)
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
+        self._count_ends(msg)
         return group
+
+    def _count_ends(self, msg: m.GroupResult) -> None:
+        """Samples with an error ended in "error" whatever they claim; unknown claims of an
+        agent-error group (never validated) count as "unreported". Runs under `_lock`, as
+        every handler does."""
+        self.rollout_ends.update(
+            "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
+            for s in msg.samples)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

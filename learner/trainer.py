@@ -52,6 +52,9 @@ class Trainer:
         metrics["reward_mean"] = float(rewards.mean())
         metrics["reward_std"] = float(rewards.std())
         metrics["tokens"] = float(sum(g.num_tokens for g in groups))
+        # tool/environment tokens (mask 0) exist only between the turns of multi-turn rollouts
+        metrics["tool_tokens_frac"] = float(sum(int((lm == 0).sum()) for g in groups
+                                                for lm in g.loss_masks)) / metrics["tokens"]
         metrics["reused_frac"] = float(np.mean([g.uses > 1 for g in groups]))
         return metrics
 

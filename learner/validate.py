@@ -3,7 +3,8 @@
 msgspec already guaranteed the types; this checks meaning: array dtypes and lengths agree,
 token ids are inside the vocabulary, logprobs are finite and <= 0, versions of model tokens
 (loss_mask 1) lie between the lease's min_version and the current version, the lease's samples
-are all there exactly once, and every sample has at least one model token.
+are all there exactly once, every sample has at least one model token, and its `finish` is a
+known end reason other than "error" (or "" from agents that do not say).
 
 Tool/environment tokens (loss_mask 0) were sampled by no policy: they are never trained on and
 do not count toward a group's min_version or staleness. Agents give them version -1 and logprob
@@ -20,7 +21,10 @@ import numpy as np
 
 from buffer.replay import TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import ALLOWED_DTYPES, GroupResult, Sample
+from transport.messages import ALLOWED_DTYPES, FINISH_REASONS, GroupResult, Sample
+
+CLEAN_ENDS = ("", *(r for r in FINISH_REASONS if r != "error"))
+"""`Sample.finish` values a trajectory without an error may carry."""
 
 
 class InvalidTrajectory(ValueError):
@@ -46,6 +50,10 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
         if indices != expected:
             raise InvalidTrajectory(f"sample indices {indices[:10]} are not "
                                     f"0..{lease.num_samples - 1}")
+    for s in samples:
+        if s.finish not in CLEAN_ENDS:
+            raise InvalidTrajectory(f"sample {s.sample_index}: finish must be one of {CLEAN_ENDS} "
+                                    f"when there is no error, got {s.finish!r}")
     lengths = _uniform_lengths(samples, max_tokens)
     if lengths is None:  # mixed dtypes, or a problem that _check_sample names
         lengths = [_check_sample(s, max_tokens) for s in samples]

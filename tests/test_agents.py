@@ -14,7 +14,7 @@ import torch
 import procs
 from actors.actor import _sample
 from actors.agent import RolloutTask
-from actors.chat import ChatFormat
+from actors.chat import TinyChat
 from actors.engine import Completion
 from actors.openai_example import calculator_agent
 from actors.openai_server import OpenAIAgent, OpenAIEndpoint
@@ -35,7 +35,7 @@ from transport import messages as m
 
 TOK = build_tokenizer(vocab_for("calculator"))
 TASK = CalculatorTask(TOK, num_digits=3)
-CHAT = ChatFormat(TOK)
+CHAT = TinyChat(TOK)
 
 
 def ids(text: str) -> np.ndarray:
@@ -161,6 +161,58 @@ def test_tool_that_times_out_answers_with_an_error():
     assert out == "error stuck timed out after 0.05s"
 
 
+# ------------------------------------------------------------------ how rollouts end
+
+
+def test_rollouts_report_how_they_ended():
+    from actors.agent import Finish as AgentFinish, SingleTurnAgent
+
+    assert Finish is AgentFinish and tuple(f.value for f in Finish) == m.FINISH_REASONS
+    run = lambda agent, llm: asyncio.run(agent.run(rollout_task(), llm))  # noqa: E731
+    assert run(tool_agent(), ScriptedLLM([CALL, ANSWER])).finish == "answer"
+    assert run(tool_agent(max_turns=2), ScriptedLLM([CALL])).finish == "max_turns"
+    assert run(tool_agent(max_turns=5, max_total_tokens=30), ScriptedLLM([CALL])).finish == "max_tokens"
+    cut_answer = asyncio.run(tool_agent().run(rollout_task(max_new_tokens=2), ScriptedLLM([ANSWER])))
+    assert cut_answer.finish == "max_tokens"  # no call, but cut before its <eos>
+    single = SingleTurnAgent(TASK.reward)
+    assert run(single, ScriptedLLM([ANSWER])).finish == "answer"  # stopped at <eos>
+    cut = asyncio.run(single.run(rollout_task(max_new_tokens=2), ScriptedLLM([ANSWER])))
+    assert cut.finish == "max_tokens"  # cut at task.max_new_tokens
+    assert _sample(0, cut).finish == "max_tokens"
+    assert _sample(1, RuntimeError("x")).finish == "error"
+
+
+@pytest.mark.parametrize("finish, ok", [
+    ("answer", True), ("max_turns", True), ("max_tokens", True), ("", True),
+    ("error", False), ("done", False)])
+def test_learner_validates_the_end_reason(finish, ok):
+    msg = _group_msg()
+    for s in msg.samples:
+        s.finish = finish
+    if ok:
+        to_group(msg, _lease(), 16, latest_version=5, max_tokens=8)
+    else:
+        with pytest.raises(InvalidTrajectory, match="finish must be one of"):
+            to_group(msg, _lease(), 16, latest_version=5, max_tokens=8)
+
+
+def test_step_metrics_report_the_ends_of_the_rollouts_received_since_the_last_step(tmp_path):
+    from configs.schema import TetherConfig
+    from learner.metrics import MetricsLog
+
+    cfg = TetherConfig()
+    cfg.learner.tensorboard = False
+    log = MetricsLog(tmp_path / "metrics.jsonl", cfg, None)
+    assert log._ends({"answer": 3, "max_turns": 1}) == {
+        "rollouts": 4, "end_answer_frac": 0.75, "end_max_turns_frac": 0.25,
+        "end_max_tokens_frac": 0.0, "end_error_frac": 0.0}
+    later = log._ends({"answer": 4, "max_turns": 1, "error": 2, "unreported": 1})
+    assert later["rollouts"] == 4 and later["end_answer_frac"] == 0.25
+    assert later["end_error_frac"] == 0.5
+    assert log._ends({"answer": 4, "max_turns": 1, "error": 2, "unreported": 1})["rollouts"] == 0
+    log.close()
+
+
 # ------------------------------------------------------------------ python sandbox
 
 
@@ -274,6 +326,21 @@ def test_openai_client_agent_yields_the_same_trajectory_as_the_tool_agent():
     assert endpoint.sessions == {}
 
 
+def test_openai_example_agent_answers_a_bad_call_with_an_error_and_goes_on():
+    endpoint = OpenAIEndpoint(CHAT, 0, max_turns=3, max_total_tokens=40)
+    agent = OpenAIAgent(endpoint, calculator_agent, TASK.reward)
+    llm = ScriptedLLM(["<call> calc 3 4 7 + + </call>", ANSWER])
+
+    async def go():
+        r = await agent.run(rollout_task(), llm)
+        await endpoint.close_server()
+        return r
+
+    r = asyncio.run(go())
+    assert len(llm.calls) == 2 and r.reward == 1.0 and r.finish == "answer"
+    assert TOK.convert_tokens_to_ids("error") in r.completion_ids[r.loss_mask == 0]
+
+
 def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
     endpoint = OpenAIEndpoint(CHAT, 0, max_turns=2, max_total_tokens=40)
     task = rollout_task()
@@ -314,8 +381,10 @@ def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
     assert out["edited"][0] == 400 and "exactly as returned" in out["edited"][1]["error"]["message"]
     assert out["second"][0] == 200 and out["second"][1]["choices"][0]["message"]["content"] == ANSWER
     assert out["over"][1]["choices"][0]["finish_reason"] == "length"  # max_turns=2 reached
-    r = s.traj.rollout(TASK.reward(task.meta, s.traj.context()[len(task.prompt_ids):]))
-    assert r.reward == 1.0 and s.traj.turns == 2
+    assert s.finish_reason() == Finish.MAX_TURNS
+    r = s.traj.rollout(TASK.reward(task.meta, s.traj.context()[len(task.prompt_ids):]),
+                       s.finish_reason())
+    assert r.reward == 1.0 and s.traj.turns == 2 and r.finish == "max_turns"
     assert r.loss_mask.sum() == len(ids(CALL)) + 1 + len(ids(ANSWER)) + 1
 
 

@@ -47,6 +47,33 @@ def test_bad_overrides_name_the_field(override, expected):
         load_config(PRESET, override)
 
 
+@pytest.mark.parametrize("override, expected", [
+    (["actors.agent=langchain"], "actors.agent must be one of single_turn, tools, openai"),
+    (["actors.tools=calc,shell"], "actors.tools must be a comma-separated subset of"),
+    (["actors.max_turns=0"], "actors.max_turns must be >= 1, got 0"),
+    (["actors.max_total_tokens=4"], "actors.max_total_tokens must be >= task.max_new_tokens=5, got 4"),
+    (["actors.tool_timeout_s=0"], "actors.tool_timeout_s must be > 0, got 0.0"),
+    (["actors.tool_memory_mb=16"], "actors.tool_memory_mb must be >= 64, got 16"),
+    (["actors.openai_port=70000"], "actors.openai_port must be in [0, 65535], got 70000"),
+    (["actors.openai_port=-1"], "actors.openai_port must be in [0, 65535], got -1"),
+    (["actors.agent=openai"], "actors.openai_agent must be module:function when actors.agent is openai"),
+    (["actors.agent=openai", "actors.openai_agent=my_agent"], "actors.openai_agent must be module:function"),
+    (["actors.max_turns=two"], "actors.max_turns must be int, got 'two'"),
+])
+def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]").replace("+", r"\+")):
+        load_config(PRESET, override)
+
+
+def test_good_agent_fields_load():
+    cfg = load_config(PRESET, ["actors.agent=openai", "task.max_new_tokens=12",
+                               "actors.openai_agent=actors.openai_example:calculator_agent",
+                               "actors.tools=calc,python", "actors.max_total_tokens=12"])
+    assert cfg.actors.agent == "openai" and cfg.actors.tools == "calc,python"
+    load_config(PRESET, ["actors.openai_agent=no_colon"])  # only checked when agent is openai
+
+
 def test_bad_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

@@ -156,10 +156,16 @@ LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | Shutdown
 
 # ---------------------------------------------------------------- trajectory: actor -> learner
 
+FINISH_REASONS = ("answer", "max_turns", "max_tokens", "error")
+"""How a rollout ended (`Sample.finish`; actors.agent.Finish): the model answered, used all its
+turns, ran out of tokens, or the agent raised (then `error` is set)."""
+
+
 class Sample(msgspec.Struct, gc=False):
     """One rollout. `completion_ids`, `logprobs`, `versions` and `loss_mask` are aligned per token:
     the behavior logprob under the sampling distribution, the policy version that sampled the
-    token, and 1 for model tokens (0 for tool/environment tokens)."""
+    token, and 1 for model tokens (0 for tool/environment tokens). `finish` is one of
+    FINISH_REASONS ("error" exactly when `error` is set), or "" from agents that do not say."""
 
     sample_index: int
     completion_ids: Array
@@ -168,6 +174,7 @@ class Sample(msgspec.Struct, gc=False):
     loss_mask: Array
     reward: float
     error: str = ""
+    finish: str = ""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
