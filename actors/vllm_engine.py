@@ -125,6 +125,7 @@ class VLLMEngine:
         """Stop vLLM's processes. (If this process is killed instead, they stop by themselves:
         the worker watches this pid, see actors/vllm_worker.py.)"""
         self.llm.shutdown()
+        del self.llm  # let vLLM's finaliser run now, not during interpreter teardown
 
 
 def _span_versions(spans, n_total: int) -> list[int]:

@@ -26,6 +26,10 @@ def engine(tiny_model_dir):
     eng.loop = loop
     yield eng
     eng.shutdown()
+    pending = asyncio.all_tasks(loop)  # vLLM's output handler: cancel it while the loop lives
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
 
 
