@@ -193,3 +193,29 @@ def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_di
         ap.kill()
         lp.p.send_signal(signal.SIGTERM)
         assert lp.finish(timeout=120) == 0, lp.tail()
+
+
+@pytest.mark.slow
+def test_tool_agent_on_vllm_actors(tmp_path):
+    """The multi-turn tool agent (#6) runs unchanged on a vLLM actor: model turns come from
+    vLLM, calculator results are spliced in as mask-0 tokens, and the learner accepts them."""
+    import procs
+
+    run = tmp_path / "run"
+    steps = 6
+    lp = procs.Proc(["-m", "learner", "-c", str(procs.ROOT / "configs" / "toy_calculator.yaml"),
+                     f"run_dir={run}", f"model.path={tmp_path / 'model'}",
+                     f"learner.max_steps={steps}", "learner.log_every=1", "task.eval_prompts=8",
+                     "actors.num_local=1", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25"],
+                    tmp_path / "learner.log")
+    try:
+        assert lp.finish(timeout=600) == 0, lp.tail()
+    finally:
+        lp.kill()
+    s = procs.summary(run)
+    assert s["steps"] == steps and s["accounting_ok"], s
+    assert s["rejected_messages"] == {}, s["rejected_messages"]
+    assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, s["groups"]["dropped"]
+    rows = procs.metrics(run)
+    assert all(r["tool_tokens_frac"] > 0 for r in rows), [r["tool_tokens_frac"] for r in rows]
+    assert "vllm" in (run / "logs" / "actor-0.log").read_text().lower()
