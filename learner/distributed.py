@@ -88,7 +88,10 @@ def barrier(ranks: Ranks) -> None:
 
 
 def close(ranks: Ranks) -> None:
+    """Leave the process group together: a rank that tears gloo down while a peer still uses
+    it can abort (seen once as SIGABRT "terminate called without an active exception")."""
     if ranks.world > 1:
+        dist.barrier()
         dist.destroy_process_group()
 
 
