@@ -141,16 +141,20 @@ class OpenAIEndpoint:
     # ------------------------------------------------------------ HTTP
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            await self._respond(reader, writer)
+        except asyncio.CancelledError:
+            # The actor is stopping and its loop cancels every task, at any await of this one
+            # (reading, generating, writing or closing). This task is the server's, awaited by no
+            # one, so it ends quietly (Python 3.11's start_server would log a cancelled
+            # connection handler as an error); the client sees the connection close.
+            writer.close()
+
+    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
             status, payload = 200, await self._route(reader)
         except HTTPError as e:
             status = e.status
             payload = {"error": {"message": str(e), "type": "invalid_request_error", "code": status}}
-        except asyncio.CancelledError:
-            # The actor is stopping and its loop cancels every task. This task is the server's,
-            # awaited by no one, so it ends quietly (Python 3.11's start_server would log a
-            # cancelled connection handler as an error); the client sees the connection close.
-            writer.close()
-            return
         data = json.dumps(payload).encode()
         writer.write(f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
