@@ -69,8 +69,8 @@ class Proc:
             self.p.wait()
 
 
-def learner(run_dir: Path, model_dir: Path, *overrides: str) -> Proc:
-    args = ["-m", "learner", "-c", str(PRESET), f"run_dir={run_dir}", f"model.path={model_dir}",
+def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRESET) -> Proc:
+    args = ["-m", "learner", "-c", str(preset), f"run_dir={run_dir}", f"model.path={model_dir}",
             *overrides]
     return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log")
 

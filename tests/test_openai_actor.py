@@ -14,13 +14,11 @@ def test_openai_client_agent_in_an_actor_process_trains_multi_turn(tmp_path):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     steps, prompts, samples = 8, 4, 4
-    lp = procs.Proc(["-m", "learner", "-c", str(preset), f"run_dir={run}",
-                     f"model.path={tmp_path / 'model'}", f"learner.max_steps={steps}",
-                     f"learner.prompts_per_step={prompts}", f"learner.group_size={samples}",
-                     "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
-                     "actors.agent=openai",
-                     "actors.openai_agent=actors.openai_example:calculator_agent"],
-                    tmp_path / "learner.log")
+    lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
+                       f"learner.prompts_per_step={prompts}", f"learner.group_size={samples}",
+                       "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
+                       "actors.agent=openai",
+                       "actors.openai_agent=actors.openai_example:calculator_agent", preset=preset)
     try:
         assert lp.finish(timeout=600) == 0, lp.tail()
     finally:

@@ -203,11 +203,10 @@ def test_tool_agent_on_vllm_actors(tmp_path):
 
     run = tmp_path / "run"
     steps = 6
-    lp = procs.Proc(["-m", "learner", "-c", str(procs.ROOT / "configs" / "toy_calculator.yaml"),
-                     f"run_dir={run}", f"model.path={tmp_path / 'model'}",
-                     f"learner.max_steps={steps}", "learner.log_every=1", "task.eval_prompts=8",
-                     "actors.num_local=1", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25"],
-                    tmp_path / "learner.log")
+    lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
+                       "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
+                       "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+                       preset=procs.ROOT / "configs" / "toy_calculator.yaml")
     try:
         assert lp.finish(timeout=600) == 0, lp.tail()
     finally:
