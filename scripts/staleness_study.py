@@ -57,6 +57,8 @@ PLAN = (
          tuple(range(8))),
     Part("B", "no gradient-norm clipping, 4 minibatches (the proximal clip binds)", NO_GRAD_CLIP,
          4, (0, 4, 8), ("none", "tis", "decoupled"), (0, 1, 2, 3)),
+    Part("E", "as A, with dual clip c = 3 on none (bounds its loss for negative advantages)",
+         (*NO_GRAD_CLIP, "learner.dual_clip=3"), 1, (0, 4), ("none",), (0, 1, 2, 3)),
     Part("C", "gradient-norm clipping at 1.0 (the preset), 1 minibatch", (), 1, (0, 4),
          ("none", "decoupled"), tuple(range(8))),
     Part("D", "gradient-norm clipping at 1.0 (the preset), 4 minibatches", (), 4, (0, 4),
