@@ -81,6 +81,21 @@ def actor(run_dir: Path, actor_id: str, *overrides: str) -> Proc:
     return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log")
 
 
+def finish_clean(lp: Proc, run_dir: Path, steps: int, timeout: float) -> dict:
+    """Wait for the learner to end (killing it if the wait fails) and check that the run was
+    clean: exit code 0, all `steps` trained, accounting balanced, no message rejected, no group
+    dropped as invalid or for an agent error. Returns summary.json."""
+    try:
+        assert lp.finish(timeout=timeout) == 0, lp.tail()
+    finally:
+        lp.kill()
+    s = summary(run_dir)
+    assert s["steps"] == steps and s["accounting_ok"], s
+    assert s["rejected_messages"] == {}, s["rejected_messages"]
+    assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, s["groups"]["dropped"]
+    return s
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

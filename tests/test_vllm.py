@@ -207,14 +207,7 @@ def test_tool_agent_on_vllm_actors(tmp_path):
                        "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
                        "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
                        preset=procs.ROOT / "configs" / "toy_calculator.yaml")
-    try:
-        assert lp.finish(timeout=600) == 0, lp.tail()
-    finally:
-        lp.kill()
-    s = procs.summary(run)
-    assert s["steps"] == steps and s["accounting_ok"], s
-    assert s["rejected_messages"] == {}, s["rejected_messages"]
-    assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, s["groups"]["dropped"]
+    procs.finish_clean(lp, run, steps, timeout=600)
     rows = procs.metrics(run)
     assert all(r["tool_tokens_frac"] > 0 for r in rows), [r["tool_tokens_frac"] for r in rows]
     assert "vllm" in (run / "logs" / "actor-0.log").read_text().lower()
