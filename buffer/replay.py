@@ -17,12 +17,12 @@ Replay: with `max_reuse` > 1 a group stays in the buffer until it was served tha
 from __future__ import annotations
 
 import enum
-import functools
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass
 
 import numpy as np
+
+from buffer.record import TrajGroup, from_arrays, to_arrays
 
 
 class DropReason(str, enum.Enum):
@@ -34,42 +34,6 @@ class DropReason(str, enum.Enum):
     """The actor holding the lease died or went silent; the prompt is granted again."""
     AGENT_ERROR = "agent_error"
     """The agent raised; the actor reported the error instead of a trajectory."""
-
-
-@dataclass
-class TrajGroup:
-    """One finished lease: `num_samples` rollouts of one prompt.
-
-    Per-token arrays are read-only and keep the dtype they arrived in (ids/versions: an
-    integer type, logprobs: a float type, loss_masks: integer or bool 0/1); consumers cast."""
-
-    lease_id: int
-    prompt_id: int
-    actor_id: str
-    prompt_ids: np.ndarray
-    completions: list[np.ndarray]
-    logprobs: list[np.ndarray]
-    versions: list[np.ndarray]
-    loss_masks: list[np.ndarray]
-    rewards: np.ndarray
-    uses: int = 0
-    """How many batches this group has been served in."""
-
-    @functools.cached_property
-    def min_version(self) -> int:
-        """Oldest version among model tokens (loss_mask 1); tool tokens were sampled by no policy.
-        Computed once (the arrays never change): `take` asks for it on every wake-up."""
-        return min((int(v[m > 0].min()) for v, m in zip(self.versions, self.loss_masks)
-                    if (m > 0).any()), default=0)
-
-    @functools.cached_property
-    def max_version(self) -> int:
-        return max((int(v[m > 0].max()) for v, m in zip(self.versions, self.loss_masks)
-                    if (m > 0).any()), default=0)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(int(c.size) for c in self.completions)
 
 
 SAMPLING = ("fifo", "newest", "uniform")
@@ -164,18 +128,10 @@ class ReplayBuffer:
         return len(self._groups)
 
     def export(self) -> tuple[dict, dict[str, np.ndarray]]:
-        """Counters, group metadata and arrays for a checkpoint (np.savez-able, no pickle)."""
+        """Counters and the waiting groups for a checkpoint: (JSON-able state, the groups'
+        arrays from the record codec, np.savez-able without pickle)."""
         with self._cond:
-            meta, arrays = [], {}
-            for i, g in enumerate(self._groups):
-                meta.append([g.lease_id, g.prompt_id, g.actor_id, g.uses, len(g.completions)])
-                arrays[f"g{i}_prompt"] = g.prompt_ids
-                arrays[f"g{i}_rewards"] = g.rewards
-                for j, (c, lp, v, lm) in enumerate(zip(g.completions, g.logprobs, g.versions,
-                                                       g.loss_masks)):
-                    for name, a in (("ids", c), ("lp", lp), ("ver", v), ("mask", lm)):
-                        arrays[f"g{i}_s{j}_{name}"] = a
-            return {**self.counts(), "groups": meta}, arrays
+            return self.counts(), to_arrays(list(self._groups))
 
     def restore(self, state: dict, arrays) -> None:
         """Inverse of `export`: counters and the groups that were waiting, in order."""
@@ -183,15 +139,7 @@ class ReplayBuffer:
             self.received, self.consumed = state["received"], state["consumed"]
             self.served = state["served"]
             self.dropped = Counter(state["dropped"])
-            for i, (lease_id, prompt_id, actor_id, uses, n) in enumerate(state["groups"]):
-                def col(name: str) -> list[np.ndarray]:
-                    return [arrays[f"g{i}_s{j}_{name}"] for j in range(n)]
-
-                self._groups.append(TrajGroup(
-                    lease_id=lease_id, prompt_id=prompt_id, actor_id=actor_id,
-                    prompt_ids=arrays[f"g{i}_prompt"], completions=col("ids"), logprobs=col("lp"),
-                    versions=col("ver"), loss_masks=col("mask"), rewards=arrays[f"g{i}_rewards"],
-                    uses=uses))
+            self._groups.extend(from_arrays(arrays))
 
     def close(self) -> None:
         """Wake any blocked `take` so the trainer can shut down."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 
 
 @dataclass

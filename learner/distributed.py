@@ -10,9 +10,10 @@ tells the other ranks, one command at a time, which collective step comes next.
       stop()            ── STOP ────────────────────▶   return
 
 Commands and batches are `torch.distributed.broadcast`s of tensors from rank 0, never pickle:
-a command is int64 [op, version, n_ints, n_floats], followed (if non-empty) by an int64 and a
-float32 payload: a batch of groups (`pack_groups`) or a directory name. Followers block in
-that broadcast; rank 0 is the only rank with sockets.
+a command is int64 [op, version], then the sizes of the op's arrays (`PAYLOADS`), then each
+non-empty array: a batch of groups in the record codec's arrays (buffer/record.py
+`to_arrays`) or a directory name. Followers block in that broadcast; rank 0 is the only rank
+with sockets.
 
 Signals: the followers ignore SIGINT/SIGTERM. On rank 0, with more than one rank, a signal
 only sets a flag that the loop checks between steps (`check_interrupt`), so no rank is ever
@@ -33,7 +34,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from buffer.replay import TrajGroup
+from buffer import record
+from buffer.record import TrajGroup
 from learner.backend import Backend, SingleProcessBackend
 from learner.trainer import Trainer
 from transport.weights import PackedWeights, pack
@@ -124,7 +126,7 @@ class Leader:
             raise KeyboardInterrupt("signal")
 
     def step(self, groups: list[TrajGroup], version: int) -> dict[str, float]:
-        self._send(Op.STEP, version, *pack_groups(groups))
+        self._send(Op.STEP, version, record.to_arrays(groups))
         return self.trainer.step(groups, version)
 
     def publish(self, version: int) -> PackedWeights:
@@ -133,11 +135,11 @@ class Leader:
         return pack(self.backend.named_full_tensors(), version, self.bucket_bytes)
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        self._send(Op.SAVE, 0, _path_ints(path))
+        self._send(Op.SAVE, 0, _path_array(path))
         self.backend.save_checkpoint(path, extra)
 
     def export_hf(self, path: Path) -> None:
-        self._send(Op.EXPORT, 0, _path_ints(path))
+        self._send(Op.EXPORT, 0, _path_array(path))
         self.backend.export_hf(path)
 
     def idle(self) -> None:
@@ -146,17 +148,19 @@ class Leader:
     def stop(self) -> None:
         self._send(Op.STOP, 0)
 
-    def _send(self, op: Op, version: int, ints: np.ndarray | None = None,
-              floats: np.ndarray | None = None) -> None:
+    def _send(self, op: Op, version: int, arrays: dict[str, np.ndarray] | None = None) -> None:
         if self.ranks.world == 1:
             return
-        ints = np.zeros(0, np.int64) if ints is None else ints
-        floats = np.zeros(0, np.float32) if floats is None else floats
         dev = self.ranks.device
-        dist.broadcast(torch.tensor([int(op), version, ints.size, floats.size], device=dev), src=0)
-        for payload in (ints, floats):
-            if payload.size:
-                dist.broadcast(torch.from_numpy(payload).to(dev), src=0)
+        dist.broadcast(torch.tensor([int(op), version], device=dev), src=0)
+        schema = PAYLOADS[op]
+        if not schema:
+            return
+        assert list(arrays) == list(schema), (list(arrays), list(schema))
+        dist.broadcast(torch.tensor([a.size for a in arrays.values()], device=dev), src=0)
+        for a in arrays.values():
+            if a.size:
+                dist.broadcast(torch.from_numpy(np.ascontiguousarray(a)).to(dev), src=0)
 
 
 def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
@@ -165,90 +169,58 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
         signal.signal(sig, signal.SIG_IGN)
     steps = 0
     while True:
-        op, version, ints, floats = _receive(ranks.device)
+        op, version, arrays = _receive(ranks.device)
         match op:
             case Op.IDLE:
                 pass
             case Op.STEP:
-                trainer.step(unpack_groups(ints, floats), version)
+                trainer.step(record.from_arrays(arrays), version)
                 steps += 1
             case Op.PUBLISH:
                 for _ in backend.named_full_tensors():
                     pass
             case Op.SAVE:
-                backend.save_checkpoint(_ints_path(ints), {})
+                backend.save_checkpoint(_array_path(arrays), {})
             case Op.EXPORT:
-                backend.export_hf(_ints_path(ints))
+                backend.export_hf(_array_path(arrays))
             case Op.STOP:
                 log.info("rank %d: stop after %d steps", ranks.rank, steps)
                 return
 
 
-def _receive(device: torch.device) -> tuple[Op, int, np.ndarray, np.ndarray]:
-    head = torch.zeros(4, dtype=torch.int64, device=device)
+PATH = {"path": np.dtype(np.uint8)}
+PAYLOADS: dict[Op, dict[str, np.dtype]] = {
+    Op.IDLE: {}, Op.STEP: record.SCHEMA, Op.PUBLISH: {}, Op.SAVE: PATH, Op.EXPORT: PATH,
+    Op.STOP: {},
+}
+"""The arrays each command carries after its [op, version] head, in broadcast order."""
+
+
+def _receive(device: torch.device) -> tuple[Op, int, dict[str, np.ndarray]]:
+    head = torch.zeros(2, dtype=torch.int64, device=device)
     dist.broadcast(head, src=0)
-    op, version, n_ints, n_floats = (int(x) for x in head.cpu())
-    payloads = []
-    for n, dtype in ((n_ints, torch.int64), (n_floats, torch.float32)):
-        t = torch.zeros(n, dtype=dtype, device=device)
+    op, version = Op(int(head[0])), int(head[1])
+    schema = PAYLOADS[op]
+    if not schema:
+        return op, version, {}
+    sizes = torch.zeros(len(schema), dtype=torch.int64, device=device)
+    dist.broadcast(sizes, src=0)
+    arrays = {}
+    for (name, dtype), n in zip(schema.items(), sizes.tolist()):
+        t = torch.zeros(n, dtype=_TORCH[dtype], device=device)
         if n:
             dist.broadcast(t, src=0)
-        payloads.append(t.cpu().numpy())
-    return Op(op), version, payloads[0], payloads[1]
+        arrays[name] = t.cpu().numpy()
+    return op, version, arrays
 
 
-def _path_ints(path: Path) -> np.ndarray:
-    return np.frombuffer(str(path).encode(), np.uint8).astype(np.int64)
+_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32,
+          np.dtype(np.uint8): torch.uint8}
 
 
-def _ints_path(ints: np.ndarray) -> Path:
-    return Path(ints.astype(np.uint8).tobytes().decode())
+def _path_array(path: Path) -> dict[str, np.ndarray]:
+    return {"path": np.frombuffer(str(path).encode(), np.uint8)}
 
 
-def pack_groups(groups: list[TrajGroup]) -> tuple[np.ndarray, np.ndarray]:
-    """Groups -> (int64, float32) flat arrays. ints: [G, S], per group (lease_id, prompt_id,
-    uses, prompt length, samples), per sample its length, then prompt tokens, completion tokens
-    and token versions; floats: per-sample rewards, then logprobs and loss masks per token."""
-    table = np.array([[g.lease_id, g.prompt_id, g.uses, len(g.prompt_ids), len(g.completions)]
-                      for g in groups], np.int64).reshape(-1)
-    lengths = np.array([len(c) for g in groups for c in g.completions], np.int64)
-    ints = np.concatenate([np.array([len(groups), lengths.size], np.int64), table, lengths,
-                           *[g.prompt_ids for g in groups],
-                           *[c for g in groups for c in g.completions],
-                           *[v for g in groups for v in g.versions]]).astype(np.int64)
-    floats = np.concatenate([*[g.rewards for g in groups],
-                             *[lp for g in groups for lp in g.logprobs],
-                             *[m for g in groups for m in g.loss_masks]]).astype(np.float32)
-    return ints, floats
-
-
-def unpack_groups(ints: np.ndarray, floats: np.ndarray) -> list[TrajGroup]:
-    """Inverse of `pack_groups` (actor ids are not sent: the followers only train)."""
-    num_groups, num_samples = int(ints[0]), int(ints[1])
-    table = ints[2:2 + 5 * num_groups].reshape(num_groups, 5)
-    at = 2 + 5 * num_groups
-    lengths = ints[at:at + num_samples]
-    at += num_samples
-    prompts = _split(ints, at, table[:, 3])
-    at += int(table[:, 3].sum())
-    tokens = int(lengths.sum())
-    completions = _split(ints, at, lengths)
-    versions = _split(ints, at + tokens, lengths)
-    rewards = floats[:num_samples]
-    logprobs = _split(floats, num_samples, lengths)
-    masks = _split(floats, num_samples + tokens, lengths)
-    groups, s = [], 0
-    for (lease_id, prompt_id, uses, _, n), prompt in zip(table, prompts):
-        n = int(n)
-        groups.append(TrajGroup(lease_id=int(lease_id), prompt_id=int(prompt_id), actor_id="",
-                                prompt_ids=prompt, completions=completions[s:s + n],
-                                logprobs=logprobs[s:s + n], versions=versions[s:s + n],
-                                loss_masks=masks[s:s + n], rewards=rewards[s:s + n].copy(),
-                                uses=int(uses)))
-        s += n
-    return groups
-
-
-def _split(flat: np.ndarray, start: int, lengths: np.ndarray) -> list[np.ndarray]:
-    ends = start + np.cumsum(lengths)
-    return [flat[e - int(n):e].copy() for e, n in zip(ends, lengths)]
+def _array_path(arrays: dict[str, np.ndarray]) -> Path:
+    return Path(arrays["path"].tobytes().decode())

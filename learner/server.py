@@ -30,7 +30,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from buffer.replay import DropReason, ReplayBuffer, TrajGroup
+from buffer.record import TrajGroup
+from buffer.replay import DropReason, ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length

@@ -19,7 +19,7 @@ import operator
 
 import numpy as np
 
-from buffer.replay import TrajGroup
+from buffer.record import TOKEN_FIELDS, TrajGroup
 from learner.leases import LeaseRecord
 from transport.messages import ALLOWED_DTYPES, FINISH_REASONS, GroupResult, Sample
 
@@ -37,9 +37,8 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
 
     Dtype names, shapes and byte counts are compared column by column as lists; each column's
     bytes are then joined and every value check runs once over the whole group. Only when a
-    check fails does a per-sample pass look for the sample to name. The group's per-token
-    arrays are read-only views of the joined bytes, in the dtype they arrived in (the batch
-    collation casts them while it pads)."""
+    check fails does a per-sample pass look for the sample to name. Each column is cast once
+    to its record dtype (buffer/record.py TOKEN_FIELDS); the samples' arrays are views of it."""
     if msg.prompt_id != lease.prompt.prompt_id:
         raise InvalidTrajectory(f"prompt_id {msg.prompt_id} != leased {lease.prompt.prompt_id}")
     samples = msg.samples
@@ -57,7 +56,7 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
     lengths = _uniform_lengths(samples, max_tokens)
     if lengths is None:  # mixed dtypes, or a problem that _check_sample names
         lengths = [_check_sample(s, max_tokens) for s in samples]
-    ids, lps, vers, masks = (_column(samples, name) for name in COLUMNS)
+    ids, lps, vers, masks = (_column(samples, f.wire) for f in TOKEN_FIELDS)
     bounds = np.cumsum(lengths)
     if not _values_ok(ids, lps, vers, masks, vocab_size, lease.min_version, latest_version):
         index, problem = _first_bad_value(ids, lps, vers, masks, vocab_size, lease.min_version,
@@ -74,19 +73,19 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
     starts = (bounds - lengths).tolist()
     ends = bounds.tolist()
 
-    def split(a: np.ndarray) -> list[np.ndarray]:
-        return [a[i:j] for i, j in zip(starts, ends)]
+    columns = {}
+    for f, a in zip(TOKEN_FIELDS, (ids, lps, vers, masks)):
+        a = a.astype(f.dtype, copy=False)
+        columns[f.name] = [a[i:j] for i, j in zip(starts, ends)]
+    return TrajGroup.build(lease_id=lease.lease_id, prompt_id=lease.prompt.prompt_id,
+                           actor_id=lease.actor_id, prompt_ids=lease.prompt.token_ids,
+                           rewards=rewards, **columns)
 
-    return TrajGroup(lease_id=lease.lease_id, prompt_id=lease.prompt.prompt_id,
-                     actor_id=lease.actor_id, prompt_ids=lease.prompt.token_ids.astype(np.int64),
-                     completions=split(ids), logprobs=split(lps), versions=split(vers),
-                     loss_masks=split(masks), rewards=rewards.astype(np.float32))
 
-
-COLUMNS = ("completion_ids", "logprobs", "versions", "loss_mask")
+COLUMNS = tuple(f.wire for f in TOKEN_FIELDS)
 """The per-token arrays of a Sample, in the order the checks use them."""
 
-KINDS = {"completion_ids": "iu", "logprobs": "f", "versions": "iu", "loss_mask": "iub"}
+KINDS = {f.wire: f.kinds for f in TOKEN_FIELDS}
 """dtype kinds each column may have (all of them one length per sample)."""
 
 _DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES if name != "bfloat16"}

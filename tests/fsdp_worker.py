@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 from configs.loader import load_config
 from learner import distributed
 from learner.trainer import Trainer
@@ -57,7 +57,7 @@ def synthetic_groups(cfg, step: int) -> list[TrajGroup]:
         lens = rng.integers(1, T + 1, size=L.group_size)
         comps = [rng.integers(4, 16, size=n).astype(np.int64) for n in lens]
         masks = [(rng.random(n) > 0.1).astype(np.float32) for n in lens]
-        groups.append(TrajGroup(
+        groups.append(TrajGroup.build(
             lease_id=k, prompt_id=p.prompt_id, actor_id="synthetic",
             prompt_ids=p.token_ids.astype(np.int64), completions=comps,
             logprobs=[np.log(rng.uniform(0.05, 1.0, size=n)).astype(np.float32) for n in lens],

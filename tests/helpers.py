@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 
 
 def make_group(lease_id: int, version: int, n: int = 4, tokens: int = 3, rewards=None) -> TrajGroup:
     """A group whose every token was sampled at `version`."""
     rewards = np.arange(n, dtype=np.float32) / n if rewards is None else np.asarray(rewards, np.float32)
-    return TrajGroup(
+    return TrajGroup.build(
         lease_id=lease_id, prompt_id=lease_id, actor_id="fake",
         prompt_ids=np.array([1, 4, 6, 7, 5], dtype=np.int64),
         completions=[np.full(tokens, 6, dtype=np.int64) for _ in range(n)],

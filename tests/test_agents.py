@@ -22,7 +22,7 @@ from actors.openai_server import OpenAIAgent, OpenAIEndpoint
 from actors.tool_agent import ToolAgent
 from actors.tools import CallError, Calculator, PythonTool, ToolCall, ToolRegistry, parse_call
 from actors.trajectory import Finish, TrajectoryBuilder
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 from configs.schema import LearnerConfig
 from learner.batch import collate
 from learner.leases import LeaseRecord
@@ -272,7 +272,7 @@ def test_tool_tokens_are_validated_but_not_counted_in_versions_or_staleness():
 
 
 def test_tool_tokens_get_no_gradient_and_are_not_in_token_means():
-    g = TrajGroup(lease_id=1, prompt_id=0, actor_id="a", prompt_ids=np.array([1, 4]),
+    g = TrajGroup.build(lease_id=1, prompt_id=0, actor_id="a", prompt_ids=np.array([1, 4]),
                   completions=[np.array([6, 7, 8, 9]), np.array([6, 7])],
                   logprobs=[np.array([-0.5, 0.0, 0.0, -0.5], np.float32), np.array([-0.5, -0.5], np.float32)],
                   versions=[np.array([3, -1, -1, 3]), np.array([3, 3])],
@@ -432,7 +432,7 @@ def test_behavior_logprobs_of_multi_turn_rollouts_match_the_learner(tmp_path):
     rollouts = asyncio.run(run_all())
     assert any((r.loss_mask == 0).any() for r in rollouts)  # some rollouts really used the tool
     for t, r in zip(tasks, rollouts):
-        g = TrajGroup(lease_id=1, prompt_id=5, actor_id="a", prompt_ids=t.prompt_ids.astype(np.int64),
+        g = TrajGroup.build(lease_id=1, prompt_id=5, actor_id="a", prompt_ids=t.prompt_ids.astype(np.int64),
                       completions=[r.completion_ids.astype(np.int64)], logprobs=[r.logprobs],
                       versions=[r.versions], loss_masks=[r.loss_mask.astype(np.float32)],
                       rewards=np.zeros(1, np.float32))

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 import fsdp_worker
 import procs
+from buffer import record
 from learner import distributed
 from learner.backend import SingleProcessBackend
 from learner.trainer import Trainer
@@ -114,7 +115,7 @@ def test_checkpoint_resumed_by_fresh_processes_is_bitwise_exact(fsdp_run, tiny_m
 def test_groups_cross_ranks_unchanged(tiny_model_dir):
     cfg = fsdp_worker.config(tiny_model_dir)
     groups = fsdp_worker.synthetic_groups(cfg, 2)
-    back = distributed.unpack_groups(*distributed.pack_groups(groups))
+    back = record.from_arrays(record.to_arrays(groups))
     assert len(back) == len(groups)
     for g, b in zip(groups, back):
         assert (g.lease_id, g.prompt_id, g.uses) == (b.lease_id, b.prompt_id, b.uses)

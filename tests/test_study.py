@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from configs.loader import load_config
-from learner.reference import run_reference
+from learner.sync_loop import run_sync
 
 from procs import PRESET, ROOT
 
@@ -24,7 +24,7 @@ def _train(model_dir, correction: str, lag: int, minibatches: int) -> dict[str, 
     cfg = load_config(PRESET, [f"model.path={model_dir}", f"learner.correction={correction}",
                                f"learner.minibatches={minibatches}", "learner.prompts_per_step=8",
                                "learner.max_grad_norm=0", "learner.lr=3e-3"])
-    return run_reference(cfg, STEPS, lag=lag).state_dict()
+    return run_sync(cfg, STEPS, lag=lag).state_dict()
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 import procs
 from configs.loader import load_config
-from learner.reference import run_reference
+from learner.sync_loop import run_sync
 
 STEPS = 6
 
@@ -18,7 +18,7 @@ STEPS = 6
     ("none", []),
     ("decoupled", ["learner.minibatches=2", "learner.epochs=2"]),
 ])
-def test_eta0_distributed_equals_synchronous_reference(tmp_path, tiny_model_dir, correction, extra):
+def test_eta0_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, correction, extra):
     run = tmp_path / "run"
     overrides = ["max_staleness=0", f"learner.correction={correction}", "learner.prompts_per_step=8",
                  f"learner.max_steps={STEPS}", "actors.groups_per_request=3", *extra]
@@ -29,12 +29,12 @@ def test_eta0_distributed_equals_synchronous_reference(tmp_path, tiny_model_dir,
     distributed = load_file(str(run / "checkpoints" / f"step_{STEPS}" / "model.safetensors"))
 
     cfg = load_config(procs.PRESET, [*overrides, f"model.path={tiny_model_dir}"])
-    reference = run_reference(cfg, STEPS).state_dict()
+    synchronous = run_sync(cfg, STEPS).state_dict()
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
-    assert distributed.keys() == reference.keys()
+    assert distributed.keys() == synchronous.keys()
     moved = 0
-    for name, ref in reference.items():
+    for name, ref in synchronous.items():
         assert torch.equal(distributed[name], ref), f"{name} differs: max " \
             f"{(distributed[name] - ref).abs().max().item():.3e}"
         moved += int(not torch.equal(ref, initial[name]))
-    assert moved == len(reference)  # training really changed every tensor
+    assert moved == len(synchronous)  # training really changed every tensor

@@ -17,13 +17,13 @@ import torch
 
 from actors.engine import GenerateRequest, sample_seed
 from actors.hf_engine import HFEngine
-from buffer.replay import TrajGroup
+from buffer.record import TrajGroup
 from configs.schema import TetherConfig
 from learner.backend import SingleProcessBackend
 from learner.trainer import Trainer
 
 
-def run_reference(cfg: TetherConfig, steps: int, lag: int = 0,
+def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
                   on_step: Callable[[int, dict], None] | None = None) -> SingleProcessBackend:
     """Train `steps` steps from cfg.model.path with rollouts `lag` versions old; returns the
     trained backend. `on_step(version, metrics)` is called after every step."""
@@ -53,8 +53,8 @@ def run_reference(cfg: TetherConfig, steps: int, lag: int = 0,
         groups = []
         for k, p in enumerate(prompts):
             mine = outs[k * L.group_size:(k + 1) * L.group_size]
-            groups.append(TrajGroup(
-                lease_id=k, prompt_id=p.prompt_id, actor_id="reference",
+            groups.append(TrajGroup.build(
+                lease_id=k, prompt_id=p.prompt_id, actor_id="sync",
                 prompt_ids=p.token_ids.astype(np.int64),
                 completions=[o.token_ids.astype(np.int64) for o in mine],
                 logprobs=[o.logprobs.astype(np.float32) for o in mine],
