@@ -28,7 +28,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agent import Agent, Finish, Rollout, RolloutTask, SingleTurnAgent, make_agent
+from actors.agents import make_agent
+from actors.rollout import Agent, Finish, Rollout, RolloutTask
+from actors.single_turn import SingleTurnAgent
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig

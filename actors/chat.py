@@ -31,16 +31,10 @@ from typing import Protocol
 
 import numpy as np
 
+from models.tiny import render_tool_result
+
 Message = dict[str, str]
 """{"role": "system" | "user" | "assistant" | "tool", "content": str}."""
-
-TOOL_RESULT = "<result> {content} </result>"
-"""How the tiny format shows a tool's answer to the model."""
-
-
-def render_tool_result(tokenizer, content: str) -> np.ndarray:
-    return encode(tokenizer, TOOL_RESULT.format(content=content))
-
 
 def encode(tokenizer, text: str) -> np.ndarray:
     return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int32)

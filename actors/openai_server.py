@@ -37,10 +37,9 @@ from typing import Callable, Literal
 import msgspec
 import numpy as np
 
-from actors.agent import Finish, RewardFn, Rollout, RolloutTask
 from actors.chat import ChatFormat
-from actors.client import EngineClient
-from actors.engine import Completion
+from actors.engine import Completion, LLMClient
+from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
 from actors.trajectory import TrajectoryBuilder
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ class Session:
 
     rid: str
     task: RolloutTask
-    llm: EngineClient
+    llm: LLMClient
     traj: TrajectoryBuilder
     base_url: str
     history: list[tuple[str, str]] = field(default_factory=list)
@@ -127,7 +126,7 @@ class OpenAIEndpoint:
             self._server.close()
             await self._server.wait_closed()
 
-    def open(self, task: RolloutTask, llm: EngineClient) -> Session:
+    def open(self, task: RolloutTask, llm: LLMClient) -> Session:
         rid = f"{task.prompt_id}-{task.sample_index}-{next(self._ids)}"
         s = Session(rid=rid, task=task, llm=llm,
                     traj=TrajectoryBuilder(task.prompt_ids, self.max_total_tokens),
@@ -280,7 +279,7 @@ class OpenAIAgent:
         self.reward_fn = reward_fn
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="openai-agent")
 
-    async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
+    async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         await self.endpoint.start()
         session = self.endpoint.open(task, llm)
         messages = self.endpoint.chat.prompt_messages(task.prompt_ids)

@@ -11,11 +11,11 @@ result plus one model token) would not fit into `max_total_tokens`.
 
 from __future__ import annotations
 
-from actors.agent import RewardFn, Rollout, RolloutTask
 from actors.chat import ChatFormat
-from actors.client import EngineClient
+from actors.engine import LLMClient
+from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
 from actors.tools import ToolRegistry, parse_call
-from actors.trajectory import Finish, TrajectoryBuilder
+from actors.trajectory import TrajectoryBuilder
 
 
 class ToolAgent:
@@ -27,13 +27,13 @@ class ToolAgent:
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
 
-    async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
+    async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         traj = TrajectoryBuilder(task.prompt_ids, self.max_total_tokens)
         finish = await self.episode(task, llm, traj)
         return traj.rollout(self.reward_fn(task.meta, traj.context()[len(task.prompt_ids):]),
                             finish)
 
-    async def episode(self, task: RolloutTask, llm: EngineClient, traj: TrajectoryBuilder) -> Finish:
+    async def episode(self, task: RolloutTask, llm: LLMClient, traj: TrajectoryBuilder) -> Finish:
         history = self.chat.prompt_messages(task.prompt_ids)
         while True:
             c = await llm.generate(traj.context(), min(task.max_new_tokens, traj.remaining),

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.agent import Finish, Rollout
 from actors.engine import Completion
-
-__all__ = ["Finish", "TrajectoryBuilder"]
+from actors.rollout import Finish, Rollout
 
 
 class TrajectoryBuilder:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.agent import RolloutTask, make_agent
+from actors.agents import make_agent
+from actors.rollout import RolloutTask
 from actors.client import EngineClient
 from actors.hf_engine import HFEngine
 from configs.schema import TetherConfig

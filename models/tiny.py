@@ -65,3 +65,15 @@ def load_tokenizer(path: str | Path):
     if spec.exists() and json.loads(spec.read_text())["model"]["type"] == "WordLevel":
         return PreTrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
+
+
+TOOL_RESULT = "<result> {content} </result>"
+"""How the tiny chat format (actors/chat.py TinyChat) shows a tool's answer to the model."""
+
+
+def render_tool_result(tokenizer, content: str):
+    """Token ids (int32) of a tool result in the tiny chat format."""
+    import numpy as np
+
+    text = TOOL_RESULT.format(content=content)
+    return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int32)

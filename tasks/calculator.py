@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from actors.chat import render_tool_result
+from models.tiny import render_tool_result
 from tasks.base import Prompt
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 import procs
 from actors.actor import Actor
-from actors.agent import Rollout, RolloutTask
+from actors.rollout import Rollout, RolloutTask
 from actors.client import EngineClient
 from actors.sim_engine import SimulatedEngine
 from configs.loader import load_config

@@ -14,14 +14,15 @@ import torch
 import procs
 from configs.loader import load_config
 from actors.actor import _sample
-from actors.agent import RolloutTask
+from actors.rollout import RolloutTask
 from actors.chat import TinyChat
 from actors.engine import Completion
 from actors.openai_example import calculator_agent
 from actors.openai_server import OpenAIAgent, OpenAIEndpoint
 from actors.tool_agent import ToolAgent
 from actors.tools import CallError, Calculator, PythonTool, ToolCall, ToolRegistry, parse_call
-from actors.trajectory import Finish, TrajectoryBuilder
+from actors.rollout import Finish
+from actors.trajectory import TrajectoryBuilder
 from buffer.record import TrajGroup
 from configs.schema import LearnerConfig
 from learner.batch import collate
@@ -166,7 +167,8 @@ def test_tool_that_times_out_answers_with_an_error():
 
 
 def test_rollouts_report_how_they_ended():
-    from actors.agent import Finish as AgentFinish, SingleTurnAgent
+    from actors.rollout import Finish as AgentFinish
+    from actors.single_turn import SingleTurnAgent
 
     assert Finish is AgentFinish and tuple(f.value for f in Finish) == m.FINISH_REASONS
     run = lambda agent, llm: asyncio.run(agent.run(rollout_task(), llm))  # noqa: E731

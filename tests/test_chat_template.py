@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from actors.agent import RolloutTask
+from actors.rollout import RolloutTask
 from actors.chat import SENTINEL, TemplateChat, TinyChat, make_chat_format
 from actors.engine import Completion
 from actors.openai_example import calculator_agent

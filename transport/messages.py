@@ -157,7 +157,7 @@ LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | Shutdown
 # ---------------------------------------------------------------- trajectory: actor -> learner
 
 FINISH_REASONS = ("answer", "max_turns", "max_tokens", "error")
-"""How a rollout ended (`Sample.finish`; actors.agent.Finish): the model answered, used all its
+"""How a rollout ended (`Sample.finish`; actors.rollout.Finish): the model answered, used all its
 turns, ran out of tokens, or the agent raised (then `error` is set)."""
 
 

@@ -1,0 +1,27 @@
+"""Build the agent `actors.agent` names: the one module that knows every agent."""
+
+from __future__ import annotations
+
+from actors.chat import make_chat_format
+from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
+from actors.rollout import Agent
+from actors.single_turn import SingleTurnAgent
+from actors.tool_agent import ToolAgent
+from actors.tools import make_tools
+from configs.schema import TetherConfig
+
+
+def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
+    """The agent `actors.agent` names, scoring with the task's reward function."""
+    A = cfg.actors
+    if A.agent == "single_turn":
+        return SingleTurnAgent(task.reward)
+    if A.agent == "tools":
+        return ToolAgent(task.reward, make_chat_format(tokenizer),
+                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb),
+                         A.max_turns, A.max_total_tokens)
+    if A.agent == "openai":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+                                  A.max_total_tokens)
+        return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
+    raise ValueError(f"unknown agent {A.agent!r}")
