@@ -16,24 +16,13 @@ Replay: with `max_reuse` > 1 a group stays in the buffer until it was served tha
 
 from __future__ import annotations
 
-import enum
 import threading
-from collections import Counter, deque
+from collections import deque
 
 import numpy as np
 
+from buffer.accounting import DropReason, Drops
 from buffer.record import TrajGroup, from_arrays, to_arrays
-
-
-class DropReason(str, enum.Enum):
-    STALE = "stale"
-    """Oldest token version is more than max_staleness behind the learner."""
-    INVALID = "invalid"
-    """The trajectory failed validation (bad token ids, NaN logprobs, lengths...)."""
-    EXPIRED = "expired"
-    """The actor holding the lease died or went silent; the prompt is granted again."""
-    AGENT_ERROR = "agent_error"
-    """The agent raised; the actor reported the error instead of a trajectory."""
 
 
 SAMPLING = ("fifo", "newest", "uniform")
@@ -41,7 +30,7 @@ SAMPLING = ("fifo", "newest", "uniform")
 
 class ReplayBuffer:
     def __init__(self, capacity: int, max_staleness: int, max_reuse: int = 1,
-                 sampling: str = "fifo", seed: int = 0) -> None:
+                 sampling: str = "fifo", seed: int = 0, drops: Drops | None = None) -> None:
         if sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
         self.capacity = capacity
@@ -52,12 +41,15 @@ class ReplayBuffer:
         self._groups: deque[TrajGroup] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._takers = 0
+        """Threads inside `take` (blocked or about to return)."""
         self.received = 0
         self.consumed = 0
         """Groups trained on at least once that have left the buffer."""
         self.served = 0
         """Group-servings in batches (> consumed when groups are reused)."""
-        self.dropped: Counter[str] = Counter()
+        self.drops = Drops() if drops is None else drops
+        """Stale groups are counted here (shared with the lease table in the learner)."""
 
     def has_room(self) -> bool:
         with self._cond:
@@ -94,8 +86,11 @@ class ReplayBuffer:
         Drops (and counts) stale groups it meets. Blocks until `n` fresh groups are present;
         returns None if `timeout` seconds pass first or the buffer is closed."""
         with self._cond:
+            self._takers += 1
+            self._cond.notify_all()  # for wait_for_takers
             ok = self._cond.wait_for(lambda: self._closed or self._count_fresh(version) >= n,
                                      timeout=timeout)
+            self._takers -= 1
             if not ok or self._closed:
                 return None
             batch = [self._groups[i] for i in self._pick(n)]
@@ -124,7 +119,7 @@ class ReplayBuffer:
             if g.uses:
                 self.consumed += 1
             else:
-                self.dropped[DropReason.STALE.value] += 1
+                self.drops.add(DropReason.STALE)
         return len(self._groups)
 
     def export(self) -> tuple[dict, dict[str, np.ndarray]]:
@@ -138,8 +133,13 @@ class ReplayBuffer:
         with self._cond:
             self.received, self.consumed = state["received"], state["consumed"]
             self.served = state["served"]
-            self.dropped = Counter(state["dropped"])
             self._groups.extend(from_arrays(arrays))
+
+    def wait_for_takers(self, n: int, timeout: float) -> bool:
+        """Block until at least `n` threads are inside `take` (lets a caller know the trainer
+        is waiting, not working); False if `timeout` passes first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._takers >= n, timeout=timeout)
 
     def close(self) -> None:
         """Wake any blocked `take` so the trainer can shut down."""
@@ -150,5 +150,5 @@ class ReplayBuffer:
     def counts(self) -> dict:
         with self._cond:
             return {"received": self.received, "consumed": self.consumed, "served": self.served,
-                    "dropped": dict(self.dropped), "size": len(self._groups),
+                    "dropped": self.drops.counts(), "size": len(self._groups),
                     "capacity": self.capacity}

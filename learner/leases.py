@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
-from buffer.replay import DropReason
+from buffer.accounting import DropReason, Drops
 from tasks.base import Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,14 @@ class LeaseRecord:
     incarnation: str
     num_samples: int
     min_version: int
-    granted_version: int
     granted_at: float = field(default_factory=time.monotonic)
 
 
 class LeaseTable:
     """Not thread-safe: owned by the learner's I/O thread."""
 
-    def __init__(self, task: Task, prompts_per_step: int, group_size: int, max_staleness: int) -> None:
+    def __init__(self, task: Task, prompts_per_step: int, group_size: int, max_staleness: int,
+                 drops: Drops | None = None) -> None:
         self.task = task
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
@@ -50,27 +50,27 @@ class LeaseTable:
         self.next_lease_id = 0
         self.granted = 0
         self.completed = 0
-        self.dropped: Counter[str] = Counter()
+        self.drops = Drops() if drops is None else drops
+        """Every drop, the buffer's stale ones included (the learner shares one Drops)."""
         self.outstanding: dict[int, LeaseRecord] = {}
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
 
-    def capacity(self, version: int, dropped_elsewhere: int) -> int:
-        """How many more groups may be granted at `version` (buffer drops count as dropped)."""
-        live = self.granted - sum(self.dropped.values()) - dropped_elsewhere
+    def capacity(self, version: int) -> int:
+        """How many more groups may be granted at `version`."""
+        live = self.granted - self.drops.total()
         return (self.max_staleness + version + 1) * self.prompts_per_step - live
 
-    def grant(self, actor_id: str, incarnation: str, max_groups: int, version: int,
-              dropped_elsewhere: int) -> list[LeaseRecord]:
-        n = min(max_groups, self.capacity(version, dropped_elsewhere))
+    def grant(self, actor_id: str, incarnation: str, max_groups: int,
+              version: int) -> list[LeaseRecord]:
+        n = min(max_groups, self.capacity(version))
         out = []
         for _ in range(max(n, 0)):
             index = self.retry.popleft() if self.retry else self._next_cursor()
             rec = LeaseRecord(lease_id=self.next_lease_id, prompt=self.task.train_prompt(index),
                               actor_id=actor_id, incarnation=incarnation,
                               num_samples=self.group_size,
-                              min_version=version,
-                              granted_version=version)
+                              min_version=version)
             self.next_lease_id += 1
             self.granted += 1
             self.outstanding[rec.lease_id] = rec
@@ -100,7 +100,7 @@ class LeaseTable:
     def drop(self, rec: LeaseRecord, reason: DropReason) -> None:
         """Count a lease whose trajectory will never be trained on (already removed or not)."""
         self.outstanding.pop(rec.lease_id, None)
-        self.dropped[reason.value] += 1
+        self.drops.add(reason)
 
     def expire_actor(self, actor_id: str, keep_incarnation: str | None = None) -> int:
         """Expire the leases `actor_id` holds (except those of `keep_incarnation`); their
@@ -128,9 +128,9 @@ class LeaseTable:
         """What a checkpoint needs to continue the prompt stream and the accounting."""
         return {"cursor": self.cursor, "next_lease_id": self.next_lease_id,
                 "granted": self.granted, "completed": self.completed,
-                "dropped": dict(self.dropped), "retry": list(self.retry),
+                "dropped": self.drops.counts(), "retry": list(self.retry),
                 "outstanding": [[r.lease_id, r.prompt.prompt_id, r.actor_id, r.incarnation,
-                                 r.num_samples, r.min_version, r.granted_version]
+                                 r.num_samples, r.min_version]
                                 for r in self.outstanding.values()]}
 
     def load_state(self, state: dict) -> None:
@@ -141,14 +141,14 @@ class LeaseTable:
         self.next_lease_id = state["next_lease_id"]
         self.granted = state["granted"]
         self.completed = state["completed"]
-        self.dropped = Counter(state["dropped"])
+        self.drops.load(state["dropped"])
         self.retry = deque(state["retry"])
-        for lease_id, prompt_id, actor_id, inc, n, min_v, granted_v in state["outstanding"]:
+        for lease_id, prompt_id, actor_id, inc, n, min_v in state["outstanding"]:
             self.outstanding[lease_id] = LeaseRecord(
                 lease_id=lease_id, prompt=self.task.train_prompt(prompt_id), actor_id=actor_id,
-                incarnation=inc, num_samples=n, min_version=min_v, granted_version=granted_v)
+                incarnation=inc, num_samples=n, min_version=min_v)
 
     def counts(self) -> dict:
         return {"granted": self.granted, "completed": self.completed,
-                "outstanding": len(self.outstanding), "dropped": dict(self.dropped),
+                "outstanding": len(self.outstanding), "dropped": self.drops.counts(),
                 "cursor": self.cursor}

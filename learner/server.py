@@ -31,7 +31,8 @@ import msgspec
 import zmq
 
 from buffer.record import TrajGroup
-from buffer.replay import DropReason, ReplayBuffer
+from buffer.accounting import DropReason
+from buffer.replay import ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
@@ -340,8 +341,7 @@ class LearnerServer(threading.Thread):
                 self._serve(aid, st)
 
     def _serve(self, aid: str, st: ActorState) -> None:
-        dropped = sum(self.buffer.dropped.values())
-        recs = self.leases.grant(aid, st.incarnation, st.parked_groups, self.version, dropped)
+        recs = self.leases.grant(aid, st.incarnation, st.parked_groups, self.version)
         if not recs:
             return
         st.parked_groups = 0

@@ -76,7 +76,7 @@ def _server(num_groups: int, model_dir: Path, **transport):
                                "task.max_new_tokens=4096", "actors.max_total_tokens=4096",
                                *overrides])
     leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
-    leases.grant("bench", "", num_groups, version=0, dropped_elsewhere=0)
+    leases.grant("bench", "", num_groups, version=0)
     buf = ReplayBuffer(max(num_groups, 16), max_staleness=10)
     server = LearnerServer(cfg, buf, leases, model_dir, vocab_size=16, version=0)
     from learner.server import ActorState

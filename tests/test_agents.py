@@ -244,8 +244,7 @@ def test_python_tool_runs_under_uvloop_and_kills_on_timeout():
 
 def _lease(min_version=3):
     return LeaseRecord(lease_id=7, prompt=Prompt(5, np.array([1, 4, 6], np.int32), {}),
-                       actor_id="a", incarnation="i", num_samples=2, min_version=min_version,
-                       granted_version=3)
+                       actor_id="a", incarnation="i", num_samples=2, min_version=min_version)
 
 
 def _group_msg(version_model=3, version_tool=-1, mask=(1, 0, 0, 1)):

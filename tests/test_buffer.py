@@ -1,5 +1,6 @@
 import threading
 
+from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 
 from helpers import FakeTask, make_group
@@ -35,20 +36,18 @@ def test_take_times_out_and_returns_none_when_short():
 
 
 def test_take_wakes_when_a_producer_fills_it():
+    """The producer fills the buffer only once the taker is blocked inside `take`, so the
+    batch can only arrive through the wake-up (the taker's timeout is an hour)."""
     buf = ReplayBuffer(capacity=4, max_staleness=0)
-    ready = threading.Event()
-
-    def produce():
-        ready.wait()
-        buf.put(make_group(0, 0))
-        buf.put(make_group(1, 0))
-
-    t = threading.Thread(target=produce)
-    t.start()
-    ready.set()
-    got = buf.take(2, version=0, timeout=10)
-    t.join()
-    assert [g.lease_id for g in got] == [0, 1]
+    got = []
+    taker = threading.Thread(target=lambda: got.append(buf.take(2, version=0, timeout=3600)))
+    taker.start()
+    assert buf.wait_for_takers(1, timeout=10)
+    buf.put(make_group(0, 0))
+    buf.put(make_group(1, 0))
+    taker.join(timeout=10)
+    assert not taker.is_alive(), "take() was not woken by put()"
+    assert [g.lease_id for g in got[0]] == [0, 1]
 
 
 def test_capacity_is_bounded():
@@ -64,32 +63,43 @@ def test_capacity_is_bounded():
 
 def test_close_wakes_a_blocked_take():
     buf = ReplayBuffer(capacity=2, max_staleness=0)
-    threading.Timer(0.05, buf.close).start()
-    assert buf.take(1, version=0, timeout=30) is None
+    got = []
+    taker = threading.Thread(target=lambda: got.append(buf.take(1, version=0, timeout=3600)))
+    taker.start()
+    assert buf.wait_for_takers(1, timeout=10)
+    buf.close()
+    taker.join(timeout=10)
+    assert not taker.is_alive(), "close() did not wake the blocked take()"
+    assert got == [None]
 
 
 def test_capacity_rule_eta0_grants_one_batch_per_version():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    assert len(table.grant("a", "i0", 10, version=0, dropped_elsewhere=0)) == 4
-    assert table.grant("a", "i0", 10, version=0, dropped_elsewhere=0) == []
-    got = table.grant("b", "i0", 10, version=1, dropped_elsewhere=0)
+    assert len(table.grant("a", "i0", 10, version=0)) == 4
+    assert table.grant("a", "i0", 10, version=0) == []
+    got = table.grant("b", "i0", 10, version=1)
     assert len(got) == 4 and all(r.min_version == 1 for r in got)
     assert [r.prompt.prompt_id for r in got] == [4, 5, 6, 7]
 
 
 def test_capacity_rule_eta2_and_drops_free_capacity():
-    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
-    assert len(table.grant("a", "i0", 100, version=0, dropped_elsewhere=0)) == 12
-    assert table.grant("a", "i0", 100, version=0, dropped_elsewhere=0) == []
-    # Two groups dropped stale in the buffer may be replaced.
-    assert len(table.grant("a", "i0", 100, version=0, dropped_elsewhere=2)) == 2
+    drops = Drops()
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2, drops=drops)
+    buf = ReplayBuffer(capacity=16, max_staleness=2, drops=drops)
+    assert len(table.grant("a", "i0", 100, version=0)) == 12
+    assert table.grant("a", "i0", 100, version=0) == []
+    # Two groups dropped stale in the buffer (the one shared tally) may be replaced.
+    buf.put_many([make_group(i, version=0) for i in range(2)])
+    assert buf.take(1, version=3, timeout=0) is None
+    assert drops.counts() == {"stale": 2}
+    assert len(table.grant("a", "i0", 100, version=0)) == 2
 
 
 def test_expired_leases_are_regranted_and_accounted():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    recs = table.grant("dead", "i0", 3, version=0, dropped_elsewhere=0)
+    recs = table.grant("dead", "i0", 3, version=0)
     assert table.expire_actor("dead") == 3
-    again = table.grant("alive", "i0", 4, version=0, dropped_elsewhere=0)
+    again = table.grant("alive", "i0", 4, version=0)
     assert [r.prompt.prompt_id for r in again] == [0, 1, 2, 3]
     assert table.complete(recs[0].lease_id, "dead") is None  # late result of an expired lease
     c = table.counts()
@@ -98,7 +108,7 @@ def test_expired_leases_are_regranted_and_accounted():
 
 def test_lease_state_round_trip_keeps_outstanding_until_unclaimed():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    recs = table.grant("a", "i0", 4, version=0, dropped_elsewhere=0)
+    recs = table.grant("a", "i0", 4, version=0)
     table.complete(recs[0].lease_id, "a")
     fresh = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
     fresh.load_state(table.state())
@@ -106,12 +116,12 @@ def test_lease_state_round_trip_keeps_outstanding_until_unclaimed():
     assert fresh.complete(2, "a") is not None  # the actor delivered after the restart
     assert fresh.complete(2, "a") is None  # ...once
     assert fresh.expire_unclaimed({"b"}, granted_before=float("inf")) == 2
-    assert [r.prompt.prompt_id for r in fresh.grant("b", "i0", 3, 0, 0)] == [1, 3]
+    assert [r.prompt.prompt_id for r in fresh.grant("b", "i0", 3, 0)] == [1, 3]
 
 
 def test_reconnect_keeps_leases_restart_expires_them():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    table.grant("a", "first", 2, version=0, dropped_elsewhere=0)
+    table.grant("a", "first", 2, version=0)
     assert table.expire_actor("a", keep_incarnation="first") == 0
     assert table.expire_actor("a", keep_incarnation="second") == 2
 
@@ -153,14 +163,14 @@ def test_sampling_newest_and_uniform():
 
 def test_closed_leases_are_remembered_for_duplicate_detection():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    a, b = table.grant("a", "i0", 2, version=0, dropped_elsewhere=0)
+    a, b = table.grant("a", "i0", 2, version=0)
     assert table.complete(a.lease_id, "a") is a
-    from buffer.replay import DropReason
+    from buffer.accounting import DropReason
 
     table.drop(b, DropReason.INVALID)
     assert table.complete(a.lease_id, "a") is None and table.is_closed(a.lease_id)
     assert table.is_closed(b.lease_id) and not table.is_closed(99)
-    c = table.grant("a", "i0", 1, version=0, dropped_elsewhere=0)[0]
+    c = table.grant("a", "i0", 1, version=0)[0]
     assert not table.is_closed(c.lease_id)  # outstanding, not closed
     restored = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
     restored.load_state(table.state())

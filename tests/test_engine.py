@@ -11,7 +11,7 @@ from learner.batch import collate
 from models.logprobs import token_logprobs
 from transport.weights import pack, unpack
 
-from helpers import make_group
+from buffer.record import TrajGroup
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +40,36 @@ def test_samples_do_not_depend_on_batch_composition(engine):
     assert alone.versions.tolist() == [0] * len(alone.token_ids)
 
 
-def test_seeds_vary_by_sample_and_version(engine, tiny_model_dir):
-    outs = engine.generate([_req(PROMPT, i) for i in range(16)])
-    assert len({tuple(o.token_ids) for o in outs}) > 1
-    again = engine.generate([_req(PROMPT, i) for i in range(16)])
+def test_seeds_vary_by_sample_and_version(tiny_model_dir):
+    """Same weights under another version number: the same requests sample differently (the
+    version is mixed into the seed), and each version reproduces itself exactly."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(tiny_model_dir / "model.safetensors"))
+    e = HFEngine(tiny_model_dir)
+    e.load_weights(state, version=0)
+    reqs = [_req(PROMPT, i) for i in range(16)]
+    outs = e.generate(reqs)
+    assert len({tuple(o.token_ids) for o in outs}) > 1  # sample index changes the sample
+    again = e.generate(reqs)
     assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(outs, again))
+    e.load_weights(state, version=1)
+    v1 = e.generate(reqs)
+    assert all(o.versions.tolist() == [1] * len(o.token_ids) for o in v1)
+    changed = sum(not np.array_equal(a.token_ids, b.token_ids) for a, b in zip(outs, v1))
+    assert changed >= 8, f"only {changed}/16 samples changed with the version"
+    e.load_weights(state, version=0)
+    back = e.generate(reqs)
+    assert all(np.array_equal(a.token_ids, b.token_ids) for a, b in zip(outs, back))
 
 
 def test_behavior_logprobs_match_learner_recompute(engine, tiny_model_dir):
     backend = SingleProcessBackend(tiny_model_dir, lr=1e-3, weight_decay=0.0, seed=0)
     outs = engine.generate([_req(PROMPT, i) for i in range(8)])
-    g = make_group(0, 0, n=8)
-    g.prompt_ids = np.asarray(PROMPT, dtype=np.int64)
-    g.completions = [o.token_ids.astype(np.int64) for o in outs]
-    g.logprobs = [o.logprobs for o in outs]
-    g.versions = [o.versions.astype(np.int64) for o in outs]
-    g.loss_masks = [np.ones(len(o.token_ids), np.float32) for o in outs]
+    g = TrajGroup.build(lease_id=0, prompt_id=0, actor_id="engine", prompt_ids=PROMPT,
+                        rewards=np.zeros(8), completions=[o.token_ids for o in outs],
+                        logprobs=[o.logprobs for o in outs], versions=[o.versions for o in outs],
+                        loss_masks=[np.ones(len(o.token_ids)) for o in outs])
     tb = collate([g], pad_id=0)
     with torch.no_grad():
         learner_lp = backend.logprobs(tb.input_ids, 1.0)

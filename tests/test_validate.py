@@ -13,7 +13,7 @@ VOCAB = 16
 
 def _lease(n=2, min_version=3):
     return LeaseRecord(lease_id=7, prompt=Prompt(5, np.array([1, 4, 6], np.int32), {}),
-                       actor_id="a", incarnation="i", num_samples=n, min_version=min_version, granted_version=3)
+                       actor_id="a", incarnation="i", num_samples=n, min_version=min_version)
 
 
 def _sample(i, ids=(6, 7, 2), lp=None, ver=None, mask=None, reward=1.0):
