@@ -6,7 +6,8 @@
               every sample of every lease -> PUSH GroupResults
     weights:  every newly announced version is pulled and loaded at once, concurrently with
               generation (hf: between batches; vllm: mid-request with update_mode keep/abort)
-    side:     heartbeat every heartbeat_s; HeartbeatAck/announcements carry the newest version
+    side:     heartbeat every heartbeat_s (HeartbeatAck proves the learner alive); every new
+              version arrives as a VersionAnnounce
 
 What blocks where: the event loop never blocks; generation and weight loads run in a worker
 thread (EngineClient). `trajectory.send` awaits when the learner's buffer is full (ZeroMQ
@@ -17,6 +18,8 @@ message, the actor says Hello again on the same sockets; work in progress carrie
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import json
 import logging
 import os
@@ -35,7 +38,7 @@ from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
 from transport import messages as m
-from transport import security
+from transport import security, sockets
 from transport.sockets import configure
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,47 @@ log = logging.getLogger(__name__)
 
 class Rejected(Exception):
     """The learner refused this actor (e.g. protocol mismatch); retrying would not help."""
+
+
+class Link(enum.Enum):
+    """The actor's connection to the learner."""
+
+    JOINING = "joining"
+    """Hello sent, no Welcome yet: at start, or after the learner lost track of us."""
+    JOINED = "joined"
+    """The learner knows us: work and weights flow."""
+
+
+class Connection:
+    """The `Link` state and a wake-up for whoever waits on a change (one event loop, no locks)."""
+
+    def __init__(self) -> None:
+        self.state = Link.JOINING
+        self.joins = 0
+        """Welcomes received so far; a work request made before a newer join is lost."""
+        self._changed = asyncio.Event()
+
+    def joined(self) -> None:
+        self.state = Link.JOINED
+        self.joins += 1
+        self._wake()
+
+    def lost(self) -> None:
+        self.state = Link.JOINING
+        self._wake()
+
+    async def wait_joined(self) -> None:
+        while self.state is not Link.JOINED:
+            await self._changed.wait()
+
+    async def wait_join_after(self, joins: int) -> None:
+        """Return once a join newer than `joins` happened."""
+        while self.joins == joins:
+            await self._changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
 
 class Actor:
@@ -54,7 +98,7 @@ class Actor:
         self.control_endpoint = control_endpoint
         self.actor_id = actor_id
         self.cache_dir = cache_dir
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = sockets.actor_context(cfg.transport)
         self.enc = m.encoder()
         self.dec = m.Decoders()
         self.client: LLMClient | None = None
@@ -63,7 +107,6 @@ class Actor:
         self.agent: Agent | None = None
         self.stopped = asyncio.Event()
         self.groups_done = 0
-        self.leases_held = 0
         self.tokens_done = 0
         self.status_t = time.monotonic()
         self.status_tokens = 0
@@ -77,10 +120,9 @@ class Actor:
         t = self.cfg.transport
         self.control = self._socket(zmq.DEALER, t)
         self.control.connect(self.control_endpoint)
+        self.trajectory = self.weights = None
         self.incarnation = uuid.uuid4().hex
-        self.joined = asyncio.Event()
-        """Set while the learner knows us (between a Welcome and a detected loss)."""
-        self.rejoined = asyncio.Event()
+        self.link = Connection()
         self.latest_version = -1
         self.run_id: str | None = None
         self.weights_stale = False
@@ -119,8 +161,11 @@ class Actor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)), zmq.NOBLOCK)
-            self.ctx.destroy(linger=0)
+            with contextlib.suppress(zmq.Again):  # best effort: the learner may be gone
+                await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)),
+                                        zmq.NOBLOCK)
+            sockets.close(self.ctx, t, [s for s in (self.control, self.trajectory, self.weights)
+                                        if s is not None])
             for close in self._closers:
                 close()
 
@@ -165,15 +210,13 @@ class Actor:
         log.info("joined learner run %s at %s (weights v%d)", msg.run_id, self.control_endpoint,
                  msg.latest_version)
         self.last_heard = time.monotonic()
-        self.rejoined.set()  # wakes a work loop whose request the old learner took with it
-        self.rejoined = asyncio.Event()
-        self.joined.set()
+        self.link.joined()  # also wakes a work loop whose request the old learner took with it
 
     async def _rejoin(self, why: str) -> None:
         """The learner lost track of us (it restarted, or declared us dead): say Hello again."""
-        if self.joined.is_set():
+        if self.link.state is Link.JOINED:
             log.warning("%s; joining again", why)
-            self.joined.clear()
+            self.link.lost()
         elif time.monotonic() - self.last_hello < self.cfg.transport.heartbeat_s:
             return  # a Hello is on its way; every rejected heartbeat need not send another
         self.last_hello = time.monotonic()
@@ -224,7 +267,7 @@ class Actor:
                 case m.LeaseGrant():
                     self._announce(msg.latest_version)
                     self.grants.put_nowait(msg)
-                case m.HeartbeatAck(latest_version=v):
+                case m.VersionAnnounce(version=v) | m.HeartbeatAck(latest_version=v):
                     self._announce(v)
                 case m.Shutdown(reason=reason):
                     log.info("learner says shut down: %s", reason)
@@ -233,7 +276,7 @@ class Actor:
                 case m.Reject(reason=reason):
                     await self._rejoin(f"learner refused a message ({reason})")
                 case m.Welcome():
-                    if not self.joined.is_set():
+                    if self.link.state is Link.JOINING:
                         self._on_welcome(msg)
 
     def _announce(self, version: int) -> None:
@@ -244,8 +287,7 @@ class Actor:
     async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
         while True:
             await self.control.send(self.enc.encode(m.Heartbeat(
-                actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
-                leases_held=self.leases_held)))
+                actor_id=self.actor_id, weight_version=self.client.version if self.client else -1)))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             if self._parent_gone():
                 return
@@ -261,27 +303,25 @@ class Actor:
             self.built.set()
         want = self.cfg.actors.groups_per_request
         while True:
-            await self.joined.wait()
+            await self.link.wait_joined()
             await self._weights_at_least(0)  # any weights of this learner's run
-            rejoined = self.rejoined
+            joins = self.link.joins
             await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
                                                                   max_groups=want)))
-            grant = await self._next_grant(rejoined)
+            grant = await self._next_grant(joins)
             if grant is None:
                 continue  # the learner restarted while our request was parked: ask again
             await self._weights_at_least(max(lease.min_version for lease in grant.leases))
-            self.leases_held = len(grant.leases)
             results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
             for res in results:
                 await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
                 self.groups_done += 1
                 self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples)
-            self.leases_held = 0
 
-    async def _next_grant(self, rejoined: asyncio.Event) -> m.LeaseGrant | None:
+    async def _next_grant(self, joins: int) -> m.LeaseGrant | None:
         """The grant answering our request, or None if we had to join again meanwhile."""
         get = asyncio.create_task(self.grants.get())
-        again = asyncio.create_task(rejoined.wait())
+        again = asyncio.create_task(self.link.wait_join_after(joins))
         done, _ = await asyncio.wait([get, again], return_when=asyncio.FIRST_COMPLETED)
         again.cancel()
         if get in done:
@@ -294,7 +334,7 @@ class Actor:
         generation: the engine takes it between batches (hf) or mid-request (vllm keep/abort)."""
         await self.built.wait()
         while True:
-            await self.joined.wait()
+            await self.link.wait_joined()
             self.news.clear()
             if self.weights_stale or self.latest_version > self.client.version:
                 await self._sync_weights()
@@ -368,7 +408,7 @@ class Actor:
         rate = (self.tokens_done - self.status_tokens) / (now - self.status_t)
         log.info("status | weights v%d (latest v%d) | %d groups | %.0f tok/s | %s",
                  self.client.version if self.client else -1, self.latest_version, self.groups_done,
-                 rate, "joined" if self.joined.is_set() else "joining")
+                 rate, self.link.state.value)
         self.status_t, self.status_tokens = now, self.tokens_done
 
     def _parent_gone(self) -> bool:

@@ -156,6 +156,10 @@ class BufferConfig:
 
 @dataclass
 class TransportConfig:
+    kind: str = "zmq"
+    """zmq (TCP; learner and actors in separate processes, on any nodes) | inproc (one process:
+    the learner runs actors.num_local actors as threads over ZeroMQ's in-process transport;
+    for debugging and protocol tests)."""
     host: str = "127.0.0.1"
     """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
     advertise_host: str = ""
@@ -223,6 +227,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actors.engine": ("hf", "vllm", "simulated"),
     "actors.update_mode": ("wait", "keep", "abort"),
     "transport.weights_via": ("zmq", "filesystem"),
+    "transport.kind": ("zmq", "inproc"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
     "actors.agent": ("single_turn", "tools", "openai"),
 }
@@ -311,6 +316,11 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     for key in ("curve_server_secret", "curve_allowed_dir", "curve_client_secret", "curve_server_public"):
         path = getattr(T, key)
         need(not path or Path(path).exists(), f"transport.{key}", "an existing path", path)
+    need(T.kind != "inproc" or A.num_local >= 1, "actors.num_local",
+         ">= 1 with transport.kind=inproc (no other process can reach in-process sockets)",
+         A.num_local)
+    need(T.kind != "inproc" or not (T.curve_server_secret or T.curve_client_secret),
+         "transport.kind", "zmq when CURVE is on (in-process sockets are not encrypted)", T.kind)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors

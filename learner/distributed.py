@@ -3,7 +3,7 @@ tells the other ranks, one command at a time, which collective step comes next.
 
     rank 0: learner/main.py through `Leader`            ranks 1..N-1: `follow()`
       step(groups, v)   ── STEP v + the batch ──────▶   Trainer.step(groups, v) on its share
-      publish(v)        ── PUBLISH v ───────────────▶   all-gather each tensor, drop it
+      gather_weights(v) ── GATHER v ────────────────▶   all-gather each tensor, drop it
       save_checkpoint   ── SAVE + directory ────────▶   write its shards
       export_hf         ── EXPORT + directory ──────▶   all-gather each tensor, drop it
       idle()            ── IDLE (every 5 s waiting) ▶   nothing; keeps the group timeout for hangs
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class Op(enum.IntEnum):
     IDLE = 0
     STEP = 1
-    PUBLISH = 2
+    GATHER = 2
     SAVE = 3
     EXPORT = 4
     STOP = 5
@@ -129,9 +129,10 @@ class Leader:
         self._send(Op.STEP, version, record.to_arrays(groups))
         return self.trainer.step(groups, version)
 
-    def publish(self, version: int) -> PackedWeights:
-        """Gather the full weights tensor by tensor into buckets (only rank 0 keeps them)."""
-        self._send(Op.PUBLISH, version)
+    def gather_weights(self, version: int) -> PackedWeights:
+        """Gather the full weights tensor by tensor into buckets (only rank 0 keeps them); the
+        learner then announces them (LearnerServer.announce)."""
+        self._send(Op.GATHER, version)
         return pack(self.backend.named_full_tensors(), version, self.bucket_bytes)
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
@@ -176,7 +177,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
             case Op.STEP:
                 trainer.step(record.from_arrays(arrays), version)
                 steps += 1
-            case Op.PUBLISH:
+            case Op.GATHER:
                 for _ in backend.named_full_tensors():
                     pass
             case Op.SAVE:
@@ -190,7 +191,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
 
 PATH = {"path": np.dtype(np.uint8)}
 PAYLOADS: dict[Op, dict[str, np.dtype]] = {
-    Op.IDLE: {}, Op.STEP: record.SCHEMA, Op.PUBLISH: {}, Op.SAVE: PATH, Op.EXPORT: PATH,
+    Op.IDLE: {}, Op.STEP: record.SCHEMA, Op.GATHER: {}, Op.SAVE: PATH, Op.EXPORT: PATH,
     Op.STOP: {},
 }
 """The arrays each command carries after its [op, version] head, in broadcast order."""

@@ -14,23 +14,26 @@ buffer, leases, actors, files); the other ranks follow its commands (learner/dis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
-import subprocess
-import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
 from learner import distributed, tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
+from learner.local_actors import LocalActors
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
@@ -72,78 +75,116 @@ def run(cfg: TetherConfig) -> dict | None:
         distributed.follow(trainer, backend, ranks)
         distributed.close(ranks)
         return None
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
-    summary = _lead(cfg, team, tokenizer, checkpoint, t0)
+    with _sigterm_interrupts():  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
+        state = start(cfg, team, tokenizer, checkpoint)
+        reason = train(cfg, team, state)
+        summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
     return summary
 
 
-def _lead(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          t0: float) -> dict:
-    """Rank 0: the sockets, the buffer and the training loop."""
+@dataclass
+class LeadState:
+    """What rank 0 owns while it trains (`start` makes it, `train` and `finish` use it)."""
+
+    task: object
+    tokenizer: object
+    drops: Drops
+    buffer: ReplayBuffer
+    leases: LeaseTable
+    server: LearnerServer
+    actors: LocalActors
+    metrics: MetricsLog
+    eval_engine: object
+    eval_start: float
+    version: int
+    """Policy version = optimizer steps done."""
+    packed: PackedWeights
+    """The gathered weights of `version`."""
+
+
+def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None) -> LeadState:
+    """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
+    announce v, start the local actors."""
     from actors.hf_engine import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
     task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
+    drops = Drops()
     buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness, cfg.buffer.max_reuse,
-                          cfg.buffer.sampling, seed=cfg.learner.seed)
+                          cfg.buffer.sampling, seed=cfg.learner.seed, drops=drops)
     leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
-                        cfg.max_staleness)
+                        cfg.max_staleness, drops=drops)
     version = 0
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
-    packed = team.publish(version)
+    packed = team.gather_weights(version)
     eval_engine = HFEngine(model_dir)
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
-    if checkpoint is not None:
+    if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, team.backend.model.config.vocab_size,
                            version)
-    server.publish(version, _for_actors(cfg, packed))
+    server.announce(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
-    actors = _spawn_local_actors(cfg, server.endpoints["control"], run_dir)
+    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
+    return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
+                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
+                     eval_start=eval_start, version=version, packed=packed)
+
+
+def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
+    """Take a batch, step, gather and announce the new version, until learner.max_steps;
+    returns why it ended ("finished" or "interrupted"). Stops the server and actors."""
+    run_dir = Path(cfg.run_dir)
     reason = "finished"
     try:
-        while version < cfg.learner.max_steps:
+        while st.version < cfg.learner.max_steps:
             team.check_interrupt()
-            groups = buffer.take(cfg.learner.prompts_per_step, version, timeout=WAIT_LOG_S)
+            groups = st.buffer.take(cfg.learner.prompts_per_step, st.version, timeout=WAIT_LOG_S)
             if groups is None:
-                _log_waiting(server, buffer, version, actors)
+                _log_waiting(st)
                 team.idle()
                 continue
             step_t0 = time.monotonic()
-            m = team.step(groups, version)
-            version += 1
-            packed = team.publish(version)
-            server.publish(version, _for_actors(cfg, packed))
-            metrics.record(version, m, step_t0, server.snapshot(), buffer.counts())
-            if cfg.learner.checkpoint_every and version % cfg.learner.checkpoint_every == 0:
-                _save_checkpoint(team, server, run_dir, version)
+            m = team.step(groups, st.version)
+            st.version += 1
+            st.packed = team.gather_weights(st.version)
+            st.server.announce(st.version, _for_actors(cfg, st.packed))
+            st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
+            if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
+                _save_checkpoint(team, st.server, run_dir, st.version)
     except KeyboardInterrupt:
         reason = "interrupted"
-        log.warning("interrupted at v%d: saving a checkpoint", version)
+        log.warning("interrupted at v%d: saving a checkpoint", st.version)
     finally:
-        server.stop(reason)
-        buffer.close()
-        metrics.close()
-        _reap(actors)
-    if not (run_dir / "checkpoints" / f"step_{version}").exists():
-        _save_checkpoint(team, server, run_dir, version)
-    eval_end = _evaluate(eval_engine, packed, task, cfg, tokenizer)
+        st.server.stop(reason)
+        st.buffer.close()
+        st.metrics.close()
+        st.actors.reap()
+    return reason
+
+
+def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: str,
+           wall: float) -> dict:
+    """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
+        _save_checkpoint(team, st.server, run_dir, st.version)
+    eval_end = _evaluate(st.eval_engine, st.packed, st.task, cfg, st.tokenizer)
     team.export_hf(run_dir / "final_model")
     team.stop()
-    summary = _summary(cfg, eval_start, eval_end, version, time.monotonic() - t0, server, buffer,
-                       metrics, reason)
+    summary = _summary(cfg, st, eval_end, wall, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    metrics.finish(summary)
+    st.metrics.finish(summary)
     _log_summary(summary)
     return summary
 
@@ -177,47 +218,32 @@ def _log_summary(summary: dict) -> None:
              summary["rejected_messages"])
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C (main thread only: an in-process learner
+    started from another thread keeps the process's handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _spawn_local_actors(cfg: TetherConfig, endpoint: str, run_dir: Path) -> list[subprocess.Popen]:
-    logs = run_dir / "logs"
-    logs.mkdir(exist_ok=True)
-    procs = []
-    for i in range(cfg.actors.num_local):
-        out = open(logs / f"actor-{i}.log", "ab")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
-             "--actor-id", f"local-{i}", "--exit-with-parent", endpoint],
-            stdout=out, stderr=subprocess.STDOUT))
-        out.close()
-    if procs:
-        log.info("started %d local actor(s); logs in %s", len(procs), logs)
-    return procs
-
-
-def _reap(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
-    """Actors exit on the Shutdown message; anything still alive after `timeout` is killed."""
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            log.warning("actor pid %d did not exit; killing it", p.pid)
-            p.kill()
-            p.wait()
-
-
-def _log_waiting(server: LearnerServer, buffer: ReplayBuffer, version: int,
-                 actors: list[subprocess.Popen]) -> None:
-    snap = server.snapshot()
-    dead = [p.pid for p in actors if p.poll() is not None]
+def _log_waiting(st: LeadState) -> None:
+    snap = st.server.snapshot()
+    dead = st.actors.exited()
     log.info("v%d waiting for trajectories: buffer %d, actors connected %d, leases outstanding %d%s",
-             version, len(buffer), snap["actors_connected"], snap["leases"]["outstanding"],
-             f", local actor pid(s) {dead} exited" if dead else "")
-    if actors and len(dead) == len(actors) and snap["actors_connected"] == 0:
-        raise RuntimeError("every local actor process has exited; see run_dir/logs/actor-*.log")
+             st.version, len(st.buffer), snap["actors_connected"], snap["leases"]["outstanding"],
+             f", local actor(s) {dead} exited" if dead else "")
+    if st.actors and len(dead) == len(st.actors) and snap["actors_connected"] == 0:
+        raise RuntimeError("every local actor has exited; see run_dir/logs/actor-*.log")
 
 
 def _checkpoint_dirs(run_dir: Path) -> list[Path]:
@@ -273,15 +299,13 @@ def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
             setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
-def _summary(cfg, eval_start, eval_end, version, wall, server, buffer, metrics, reason) -> dict:
-    snap = server.snapshot()
-    lc, bc = snap["leases"], buffer.counts()
-    dropped = dict(lc["dropped"])
-    for k, v in bc["dropped"].items():
-        dropped[k] = dropped.get(k, 0) + v
+def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, reason: str) -> dict:
+    snap = st.server.snapshot()
+    lc, bc = snap["leases"], st.buffer.counts()
+    dropped = st.drops.counts()
     accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
     return {
-        "eval_reward_start": eval_start, "eval_reward_end": eval_end, "steps": version,
+        "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
@@ -289,5 +313,5 @@ def _summary(cfg, eval_start, eval_end, version, wall, server, buffer, metrics, 
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"],
         "accounting_ok": accounted == lc["granted"],
-        "metrics_summary": metrics.summary(),
+        "metrics_summary": st.metrics.summary(),
     }

@@ -1,7 +1,7 @@
 """The learner's I/O thread: control ROUTER, trajectory PULL, weights ROUTER.
 
 It owns the sockets, the lease table and the actor registry; the trainer thread talks to it only
-through `publish()` / `stop()` (a command queue plus an inproc wake-up socket) and the buffer.
+through `announce()` / `stop()` (a command queue plus an inproc wake-up socket) and the buffer.
 
 What blocks where:
   * `run()` blocks only in `poller.poll(tick)`; every handler is non-blocking.
@@ -38,7 +38,8 @@ from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
 from transport import security
-from transport.sockets import bind, configure
+from transport import sockets
+from transport.sockets import bind, bind_inproc, configure
 from transport.weights import PackedWeights
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class LearnerServer(threading.Thread):
         self._lock = threading.Lock()
         self._enc = m.encoder()
         self._dec = m.Decoders()
-        self._ctx = zmq.Context()
+        self._ctx = sockets.context(self.tcfg)
         self._bind_sockets()
 
     # ------------------------------------------------------------ setup
@@ -101,16 +102,18 @@ class LearnerServer(threading.Thread):
                            (self.weights, "weights"))}
         self.disconnects: Counter[str] = Counter()
         """Connections dropped, per socket (peers leaving, oversized or broken frames)."""
-        ports = (bind(self.control, t.host, t.control_port),
-                 bind(self.trajectory, t.host, t.trajectory_port),
-                 bind(self.weights, t.host, t.weights_port))
-        host = t.advertise_host or t.host
-        if host == "0.0.0.0":
-            import socket
+        named = (("control", self.control), ("trajectory", self.trajectory),
+                 ("weights", self.weights))
+        if t.kind == "inproc":
+            self.endpoints = {name: bind_inproc(sock, self.run_id, name) for name, sock in named}
+        else:
+            host = t.advertise_host or t.host
+            if host == "0.0.0.0":
+                import socket
 
-            host = socket.gethostname()
-        self.endpoints = {name: f"tcp://{host}:{port}"
-                          for name, port in zip(("control", "trajectory", "weights"), ports)}
+                host = socket.gethostname()
+            self.endpoints = {name: f"tcp://{host}:{bind(sock, t.host, getattr(t, name + '_port'))}"
+                              for name, sock in named}
         self._wake_addr = f"inproc://wake-{id(self)}"
         self._wake_rx = self._ctx.socket(zmq.PAIR)
         self._wake_rx.bind(self._wake_addr)
@@ -118,9 +121,10 @@ class LearnerServer(threading.Thread):
         self._wake_tx.connect(self._wake_addr)
 
     # ------------------------------------------------------------ called from the trainer thread
-    def publish(self, version: int, packed: PackedWeights) -> None:
-        """Make `version` current: served to actors that ask, announced to all live actors."""
-        self._command(("publish", version, packed))
+    def announce(self, version: int, packed: PackedWeights) -> None:
+        """Make the gathered weights `packed` of `version` current: served to actors that ask,
+        and a VersionAnnounce to every joined actor. Does not block (the I/O thread sends)."""
+        self._command(("announce", version, packed))
 
     def stop(self, reason: str) -> None:
         """Tell every actor to shut down, close the sockets, end the thread."""
@@ -129,7 +133,8 @@ class LearnerServer(threading.Thread):
         self._wake_tx.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
-        self._ctx.term()
+        if self.tcfg.kind != "inproc":  # the process-wide context outlives one run
+            self._ctx.term()
 
     def _command(self, cmd: tuple) -> None:
         # Under the lock the I/O thread cannot take the command (and, for "stop", close the
@@ -230,11 +235,11 @@ class LearnerServer(threading.Thread):
             except queue.Empty:
                 return None
             match cmd:
-                case ("publish", version, packed):
+                case ("announce", version, packed):
                     self.version, self.packed = version, packed
-                    ack = self._enc.encode(m.HeartbeatAck(latest_version=version))
+                    news = self._enc.encode(m.VersionAnnounce(version=version))
                     for st in self.actors.values():
-                        self.control.send_multipart([st.identity, ack], zmq.NOBLOCK)
+                        self.control.send_multipart([st.identity, news], zmq.NOBLOCK)
                 case ("stop", reason):
                     return reason
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from buffer.record import TOKEN_FIELDS, TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import ALLOWED_DTYPES, FINISH_REASONS, GroupResult, Sample
+from transport.messages import FINISH_REASONS, NUMPY_DTYPES, GroupResult, Sample
 
 CLEAN_ENDS = ("", *(r for r in FINISH_REASONS if r != "error"))
 """`Sample.finish` values a trajectory without an error may carry."""
@@ -88,7 +88,7 @@ COLUMNS = tuple(f.wire for f in TOKEN_FIELDS)
 KINDS = {f.wire: f.kinds for f in TOKEN_FIELDS}
 """dtype kinds each column may have (all of them one length per sample)."""
 
-_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES if name != "bfloat16"}
+_DTYPES = NUMPY_DTYPES
 
 
 _GET = {name: operator.attrgetter(name) for name in COLUMNS}
@@ -123,7 +123,7 @@ def _check_sample(s: Sample, max_tokens: int) -> int:
         dt = _DTYPES.get(a.dtype)
         if dt is None:
             raise InvalidTrajectory(f"{where}: array dtype {a.dtype!r} is not one of "
-                                    f"{ALLOWED_DTYPES[:-1]}")
+                                    f"{tuple(NUMPY_DTYPES)}")
         if any(d < 0 for d in a.shape):
             raise InvalidTrajectory(f"{where}: array shape {a.shape} has a negative dimension")
         need = math.prod(a.shape) * dt.itemsize

@@ -146,7 +146,7 @@ def bench_weights(model_dir: Path, receivers: list[int], megabytes: int) -> dict
         server, _ = _server(1, model_dir)
         for i in range(k):
             server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
-        server.publish(1, packed)
+        server.announce(1, packed)
         server.start()
         ours = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, ours=True)
         server.stop("bench done")

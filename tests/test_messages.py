@@ -16,7 +16,7 @@ def _sample(n=3):
 @pytest.mark.parametrize("msg", [
     m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id="a", engine="hf"),
     m.WorkRequest(actor_id="a", max_groups=2),
-    m.Heartbeat(actor_id="a", weight_version=3, leases_held=1),
+    m.Heartbeat(actor_id="a", weight_version=3),
     m.Goodbye(actor_id="a"),
 ])
 def test_actor_to_learner_round_trip(msg):
@@ -27,6 +27,7 @@ def test_actor_to_learner_round_trip(msg):
 @pytest.mark.parametrize("msg", [
     m.Reject(reason="no"),
     m.HeartbeatAck(latest_version=7),
+    m.VersionAnnounce(version=8),
     m.Shutdown(reason="done"),
     m.LeaseGrant(leases=[m.Lease(lease_id=1, prompt_id=2,
                                  prompt_ids=m.Array.from_numpy(np.array([1, 4, 5], np.int32)),

@@ -120,8 +120,7 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
     arr = m.Array.from_numpy(np.array([6, 7, 2], np.int32))
     valid = [enc.encode(x) for x in (
         m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id="fuzz", engine="hf"),
-        m.WorkRequest(actor_id="fuzz", max_groups=2), m.Heartbeat(actor_id="fuzz", weight_version=0,
-                                                                  leases_held=0),
+        m.WorkRequest(actor_id="fuzz", max_groups=2), m.Heartbeat(actor_id="fuzz", weight_version=0),
         m.WeightRequest(actor_id="fuzz", have_version=-1),
         m.GroupResult(lease_id=0, actor_id="fuzz", prompt_id=0, samples=[m.Sample(
             sample_index=0, completion_ids=arr, logprobs=arr, versions=arr, loss_mask=arr,

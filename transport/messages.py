@@ -7,7 +7,8 @@ get defaults and go at the end; `PROTOCOL_VERSION` is checked in the `Hello` han
 Channels (learner binds, actors connect):
 
     control     actor DEALER  <->  learner ROUTER   Hello, WorkRequest, Heartbeat, Goodbye
-                                                     -> Welcome, Reject, LeaseGrant, HeartbeatAck, Shutdown
+                                                     -> Welcome, Reject, LeaseGrant, HeartbeatAck,
+                                                        VersionAnnounce, Shutdown
     trajectory  actor PUSH     ->  learner PULL     GroupResult
     weights     actor DEALER  <->  learner ROUTER   WeightRequest -> WeightManifest, then
                                                      num_buckets x [WeightBucket header, raw bytes]
@@ -20,9 +21,15 @@ import math
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
+leases_held."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
+"""Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
+
+NUMPY_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES if name != "bfloat16"}
+"""The allowed dtypes numpy can hold, by name: the one table Array decoding and validation use."""
 
 
 class Array(msgspec.Struct, frozen=True, gc=False):
@@ -39,11 +46,11 @@ class Array(msgspec.Struct, frozen=True, gc=False):
 
     def to_numpy(self) -> np.ndarray:
         """Decode and check that dtype and shape agree with the byte count."""
-        if self.dtype not in ALLOWED_DTYPES or self.dtype == "bfloat16":
-            raise ValueError(f"array dtype {self.dtype!r} is not one of {ALLOWED_DTYPES[:-1]}")
+        dt = NUMPY_DTYPES.get(self.dtype)
+        if dt is None:
+            raise ValueError(f"array dtype {self.dtype!r} is not one of {tuple(NUMPY_DTYPES)}")
         if any(d < 0 for d in self.shape):
             raise ValueError(f"array shape {self.shape} has a negative dimension")
-        dt = np.dtype(self.dtype)
         expected = math.prod(self.shape) * dt.itemsize
         if expected != len(self.data):
             raise ValueError(f"array of dtype {self.dtype} and shape {self.shape} needs "
@@ -78,7 +85,6 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
 
     actor_id: str
     weight_version: int
-    leases_held: int
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
@@ -140,9 +146,17 @@ class LeaseGrant(msgspec.Struct, tag="grant"):
 
 
 class HeartbeatAck(msgspec.Struct, tag="heartbeat_ack"):
-    """Learner -> actor: tells the actor the newest published weight version."""
+    """Learner -> actor, the answer to a Heartbeat (proof the learner is alive); carries the
+    newest published version too, for an actor that missed an announcement."""
 
     latest_version: int
+
+
+class VersionAnnounce(msgspec.Struct, tag="announce"):
+    """Learner -> every joined actor, once per published version: weights of `version` can be
+    pulled on the weights channel now."""
+
+    version: int
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):
@@ -151,7 +165,7 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     reason: str
 
 
-LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | Shutdown
+LearnerToActor = Welcome | Reject | LeaseGrant | HeartbeatAck | VersionAnnounce | Shutdown
 
 
 # ---------------------------------------------------------------- trajectory: actor -> learner

@@ -1,0 +1,89 @@
+"""The actors a learner starts on its own node (`actors.num_local`).
+
+With `transport.kind=zmq` each is a `python -m actors` child process (logs in
+run_dir/logs/actor-N.log) that exits with the learner. With `transport.kind=inproc` each is a
+thread of the learner's process running the same `Actor` on its own event loop, over ZeroMQ's
+in-process transport: no process start-up, no TCP, one debugger sees everything.
+
+Either way an actor stops when the learner sends Shutdown; `reap` waits for that and kills a
+process that does not exit (a thread that does not is reported; threads cannot be killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from configs.schema import TetherConfig
+
+log = logging.getLogger(__name__)
+
+
+class LocalActors:
+    def __init__(self, procs: list[subprocess.Popen], threads: list[threading.Thread]) -> None:
+        self.procs = procs
+        self.threads = threads
+        self.exit_codes: dict[str, int] = {}
+        """Thread actors that returned: actor id -> the code `Actor.run` returned."""
+
+    @classmethod
+    def start(cls, cfg: TetherConfig, endpoint: str, run_dir: Path) -> LocalActors:
+        n = cfg.actors.num_local
+        if cfg.transport.kind == "inproc":
+            actors = cls([], [])
+            actors.threads = [threading.Thread(target=actors._run_thread, daemon=True,
+                                               name=f"actor-local-{i}",
+                                               args=(cfg, endpoint, f"local-{i}", run_dir))
+                              for i in range(n)]
+            for t in actors.threads:
+                t.start()
+            if n:
+                log.info("started %d in-process actor thread(s)", n)
+            return actors
+        logs = run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        procs = []
+        for i in range(n):
+            with open(logs / f"actor-{i}.log", "ab") as out:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
+                     "--actor-id", f"local-{i}", "--exit-with-parent", endpoint],
+                    stdout=out, stderr=subprocess.STDOUT))
+        if procs:
+            log.info("started %d local actor process(es); logs in %s", n, logs)
+        return cls(procs, [])
+
+    def _run_thread(self, cfg: TetherConfig, endpoint: str, actor_id: str, run_dir: Path) -> None:
+        from actors.actor import Actor
+
+        actor = Actor(cfg, endpoint, actor_id, run_dir / "actor_cache")
+        self.exit_codes[actor_id] = asyncio.run(actor.run())  # a crash: logged, no code
+
+    def __len__(self) -> int:
+        return len(self.procs) + len(self.threads)
+
+    def exited(self) -> list[str]:
+        """The actors that are no longer running (pids or thread names)."""
+        return ([str(p.pid) for p in self.procs if p.poll() is not None]
+                + [t.name for t in self.threads if not t.is_alive()])
+
+    def reap(self, timeout: float = 15.0) -> None:
+        """Wait up to `timeout` for every actor to end after Shutdown; kill processes that
+        do not."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("actor pid %d did not exit; killing it", p.pid)
+                p.kill()
+                p.wait()
+        for t in self.threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("actor thread %s did not stop within %.0fs", t.name, timeout)
