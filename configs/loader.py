@@ -188,7 +188,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe(cls: type = TetherConfig, prefix: str = "") -> list[str]:
-    """One line per leaf field: `key (default): doc`, for --help and the README."""
+    """One line per leaf field: `key (default): doc`, for --help."""
     lines: list[str] = []
     docs = field_docs(cls)
     default = cls()

@@ -89,7 +89,7 @@ class LearnerConfig(Section):
     dual_clip: Annotated[float, Meta(ge=0)] = 0.0
     """Dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)."""
     correction: Literal["none", "tis", "decoupled", "mask"] = "none"
-    """Off-policy correction: none | tis | decoupled | mask (see README)."""
+    """Off-policy correction: none | tis | decoupled | mask (see docs/staleness.md)."""
     is_cap: Positive = 2.0
     """C: importance weights min(pi_prox / mu, C) are truncated at this value (tis, decoupled)."""
     is_level: Literal["token", "sequence"] = "token"
