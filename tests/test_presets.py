@@ -50,7 +50,8 @@ def test_base_merges_section_by_section_and_defaults_fill_the_rest(tmp_path):
     (tmp_path / "a.yaml").write_text("max_staleness: 3\nlearner: {lr: 1.0e-3, epochs: 2}\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\nlearner: {epochs: 3}\n")
     cfg = load_config(tmp_path / "b.yaml", ["learner.seed=7"])
-    assert (cfg.max_staleness, cfg.learner.lr, cfg.learner.epochs, cfg.learner.seed) == (3, 1e-3, 3, 7)
+    L = cfg.learner
+    assert (cfg.max_staleness, L.lr, L.epochs, L.seed) == (3, 1e-3, 3, 7)
     assert cfg.learner.max_steps == TetherConfig().learner.max_steps
     assert "base" not in read_preset(tmp_path / "b.yaml")
 
