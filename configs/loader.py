@@ -2,22 +2,26 @@
 
     cfg = load_config("configs/toy_reverse.yaml", ["learner.lr=1e-3", "actors.num_local=2"])
 
-Any problem (unknown key, wrong type, out-of-range value) raises `ConfigError` with one line
-that names the field; entry points print it and exit with status 2.
+A preset may name another preset it extends (`base: toy_reverse.yaml`, relative to its own
+directory) and then states only what differs. msgspec checks every type, choice and range
+declared on the fields (`configs/schema.py`); `check_ranges` the rules between fields. Any
+problem raises `ConfigError` with one line that names the field; entry points print it and
+exit with status 2.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import os
+import re
 import typing
 from pathlib import Path
 
+import msgspec
 import yaml
 
-from configs.schema import CHOICES, TetherConfig, check_ranges
+from configs.schema import TetherConfig, check_ranges
 
 PRESET_DIR = Path(__file__).resolve().parent
 
@@ -26,21 +30,22 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field."""
 
 
+class _YAMLLoader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-3` (no dot) as a string; read it as the float it is, as YAML 1.2 does."""
+
+
+_YAMLLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                  list("-+.0123456789"))
+
+
+def _yaml(text: str) -> object:
+    return yaml.load(text, Loader=_YAMLLoader)
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> TetherConfig:
     """Read `path` (a YAML file, or None for the defaults), apply `key=value` overrides, validate."""
-    raw: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists() and (PRESET_DIR / p.name).exists():
-            p = PRESET_DIR / p.name
-        if not p.exists():
-            raise ConfigError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(p.read_text())
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
-        raw = loaded
+    raw = {} if path is None else read_preset(path)
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -51,61 +56,118 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Te
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(value) if value != "" else ""
-    cfg = _build(TetherConfig, raw, prefix="")
+        node[parts[-1]] = _yaml(value) if value != "" else ""
+    try:
+        cfg = msgspec.convert(raw, TetherConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_explain(str(e), raw)) from None
     errors = check_ranges(cfg)
     if errors:
         raise ConfigError(errors[0])
     return cfg
 
 
-def _build(cls: type, raw: dict, prefix: str):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
+def read_preset(path: str | os.PathLike, seen: tuple[Path, ...] = ()) -> dict:
+    """The preset's mapping merged over its `base:` chain (not validated yet)."""
+    p = Path(path)
+    if not p.exists() and (PRESET_DIR / p.name).exists():
+        p = PRESET_DIR / p.name
+    if not p.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    loaded = _yaml(p.read_text())
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"config file {path}: base must name a preset file, got {base!r}")
+    chain = (*seen, p.resolve())
+    base_path = (p.parent / base).resolve()
+    if base_path in chain:
+        names = " -> ".join(q.name for q in (*chain, base_path))
+        raise ConfigError(f"config file {path}: base presets form a cycle: {names}")
+    return merge(read_preset(base_path, chain), loaded)
+
+
+def merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, section by section."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = merge(out[key], value)
+        out[key] = value
+    return out
+
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def _explain(message: str, raw: dict) -> str:
+    """msgspec's `Expected `int` >= 1 - at `$.learner.max_steps`` as today's one line that names
+    the field: `learner.max_steps must be >= 1, got 0`."""
+    m = _AT.match(message)
+    what, parts = m["what"], [p for p in (m["path"] or "").split(".") if p]
+    key = ".".join(parts)
+    unknown = re.match(r"Object contains unknown field `(.*)`$", what)
     if unknown:
-        key = prefix + str(unknown[0])
-        raise ConfigError(f"unknown config key {key!r} (known in this section: "
-                          f"{', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, value in raw.items():
-        key = prefix + name
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, prefix=key + ".")
-        else:
-            kwargs[name] = _coerce(key, hint, value)
-    return cls(**kwargs)
-
-
-def _coerce(key: str, hint: type, value: object) -> object:
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        known = sorted(f.name for f in msgspec.structs.fields(_field_type(parts)))
+        return (f"unknown config key {'.'.join([*parts, unknown[1]])!r} "
+                f"(known in this section: {', '.join(known)})")
+    value = raw
+    for part in parts:
+        value = value[part]
+    typed = re.match(r"Expected `(\w+)`, got `\w+`$", what)
+    if typed:
+        expected = "a mapping" if typed[1] == "object" else typed[1]
+        return f"{key} must be {expected}, got {value!r}"
+    hint = _field_type(parts)
+    if typing.get_origin(hint) is typing.Literal:
+        return f"{key} must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
+    base, meta = unwrap(hint)
+    if meta is None:
+        return f"{key}: {what}"
+    if base is float and isinstance(value, int):
         value = float(value)
-    if hint is float and isinstance(value, str):
-        # YAML 1.1 reads "1e-3" as a string; accept plain float literals.
-        try_value = _parse_float(value)
-        if try_value is not None:
-            value = try_value
-    ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
-    if not ok:
-        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r}")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
-    return value
+    return f"{key} must be {rule(meta)}, got {value!r}"
 
 
-def _parse_float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+def _field_type(parts: list[str]) -> object:
+    """The annotation of the field at `parts` (`TetherConfig` itself for no parts)."""
+    hint: object = TetherConfig
+    for part in parts:
+        hint = {f.name: f.type for f in msgspec.structs.fields(hint)}[part]
+    return hint
+
+
+def unwrap(hint: object) -> tuple[object, msgspec.Meta | None]:
+    """A field's annotation as (type, its `Meta` or None)."""
+    if typing.get_origin(hint) is typing.Annotated:
+        base, meta = typing.get_args(hint)[:2]
+        return base, meta
+    return hint, None
+
+
+def rule(meta: msgspec.Meta) -> str:
+    """What a field's `Meta` asks for, in words: `>= 1`, `in [0, 1)`, or its description."""
+    if meta.description:
+        return meta.description
+    low = [(op, bound) for op, bound in ((">=", meta.ge), (">", meta.gt)) if bound is not None]
+    high = [(op, bound) for op, bound in (("<=", meta.le), ("<", meta.lt)) if bound is not None]
+    if low and high:
+        (lo_op, lo), (hi_op, hi) = low[0], high[0]
+        return f"in {'[' if lo_op == '>=' else '('}{lo}, {hi}{']' if hi_op == '<=' else ')'}"
+    if low or high:
+        op, bound = (low or high)[0]
+        return f"{op} {bound}"
+    return f"matching {meta.pattern!r}"
 
 
 def to_dict(cfg: TetherConfig) -> dict:
     """The resolved config as plain data (what is written to run_dir/config.yaml)."""
-    return dataclasses.asdict(cfg)
+    return msgspec.to_builtins(cfg)
 
 
 def save_config(cfg: TetherConfig, path: str | os.PathLike) -> None:
@@ -114,7 +176,7 @@ def save_config(cfg: TetherConfig, path: str | os.PathLike) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of a config dataclass."""
+    """The docstring written under each field of a config section."""
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs: dict[str, str] = {}
@@ -126,13 +188,13 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe(cls: type = TetherConfig, prefix: str = "") -> list[str]:
-    """One line per leaf field: `key (default): doc`, for --help and the README."""
+    """One line per leaf field: `key (default): doc`, for --help."""
     lines: list[str] = []
     docs = field_docs(cls)
     default = cls()
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         value = getattr(default, f.name)
-        if dataclasses.is_dataclass(value):
+        if isinstance(value, msgspec.Struct):
             lines.extend(describe(type(value), prefix + f.name + "."))
         else:
             lines.append(f"  {prefix}{f.name} = {value!r}\n      {docs.get(f.name, '')}")

@@ -13,13 +13,12 @@ by the package's own exit hook.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 from pathlib import Path
 from typing import Protocol
 
-from configs.loader import ConfigError
+from configs.loader import ConfigError, to_dict
 from configs.schema import TetherConfig
 
 PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
@@ -79,7 +78,7 @@ class WandbTracker:
     def __init__(self, cfg: TetherConfig, run_dir: Path) -> None:
         wandb = importlib.import_module("wandb")
         self.run = wandb.init(project=cfg.learner.tracker_project, name=run_dir.name,
-                              dir=str(run_dir), config=dataclasses.asdict(cfg),
+                              dir=str(run_dir), config=to_dict(cfg),
                               mode="online" if cfg.learner.tracker_online else "offline")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -104,7 +103,7 @@ class MlflowTracker:
         exp_id = (exp.experiment_id if exp is not None
                   else self.mlflow.create_experiment(name, artifact_location=artifacts))
         self.run = self.mlflow.start_run(experiment_id=exp_id, run_name=run_dir.name)
-        self.mlflow.log_params(flatten(dataclasses.asdict(cfg)))
+        self.mlflow.log_params(flatten(to_dict(cfg)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.mlflow.log_metrics(metrics, step=step)

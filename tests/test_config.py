@@ -112,3 +112,34 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(PRESET, ["learner.lr=2e-4"])
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
+
+
+@pytest.mark.parametrize("override, expected", [
+    (["learner.mask_low=1.5"], "learner.mask_low must be in (0, 1), got 1.5"),
+    (["learner.mask_high=0.9"], "learner.mask_high must be > 1, got 0.9"),
+    (["learner.clip_low=1"], "learner.clip_low must be in [0, 1), got 1.0"),
+    (["learner.staleness_decay=0"], "learner.staleness_decay must be in (0, 1], got 0.0"),
+    (["learner.dual_clip=0.5"], "learner.dual_clip must be 0 (off) or > 1, got 0.5"),
+    (["learner.group_size=1"], "learner.group_size must be >= 2 (group-relative advantages), got 1"),
+    (["learner.minibatches=0"], "learner.minibatches must be >= 1, got 0"),
+    (["transport.control_port=70000"], "transport.control_port must be in [0, 65535], got 70000"),
+    (["transport.peer_timeout_s=1"], "transport.peer_timeout_s must be > 2 * transport.heartbeat_s=1.0, got 1.0"),
+    (["buffer.capacity_groups=4"], "buffer.capacity_groups must be >= learner.prompts_per_step=16, got 4"),
+    (["model.build_tiny=1"], "model.build_tiny must be bool, got 1"),
+    (["run_dir=3"], "run_dir must be str, got 3"),
+    (["actors.engine=3"], "actors.engine must be str, got 3"),
+    (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, got 'chess'"),
+    (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
+                   "max_staleness, model, run_dir, task, transport)"),
+])
+def test_field_constraints_name_the_field_and_the_rule(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(PRESET, override)
+    assert str(e.value) == expected
+
+
+def test_floats_in_exponent_notation_and_spaced_tool_lists_load():
+    cfg = load_config(PRESET, ["actors.vllm_kv_cache_gb=1e-3", "actors.tools=calc, python",
+                               "learner.is_cap=3"])
+    assert cfg.actors.vllm_kv_cache_gb == 1e-3 and cfg.actors.tools == "calc, python"
+    assert cfg.learner.is_cap == 3.0 and isinstance(cfg.learner.is_cap, float)
