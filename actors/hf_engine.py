@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from actors.engine import Completion, GenerateRequest, versioned_seed
+from models.tied import load_state
 from models.logprobs import token_logprobs
 
 
@@ -42,11 +43,7 @@ class HFEngine:
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or [k for k in missing if k != "lm_head.weight"]:
-                raise ValueError(f"weights v{version} do not match the model: missing {missing}, "
-                                 f"unexpected {unexpected}")
-            self.model.tie_weights()
+            load_state(self.model, state, f"weights v{version}")
             self.version = version
 
     def generate(self, requests: list[GenerateRequest]) -> list[Completion]:

@@ -44,7 +44,7 @@ class TetherWorkerExtension:
 
     def _tether_reload(self, state: dict) -> None:
         # With tied embeddings the learner does not send lm_head.weight, but vLLM's CPU backend
-        # keeps a separately packed copy of it: without this line the head keeps old weights.
-        if "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
+        # keeps a separately packed copy of it: without the head the output keeps old weights.
+        from models.tied import with_head
+
+        self.model_runner.reload_weights(weights_iterator=iter(with_head(state).items()))

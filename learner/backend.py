@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.logprobs import token_logprobs
+from models.tied import load_state, without_tied
 
 
 class Backend(Protocol):
@@ -93,8 +94,8 @@ class SingleProcessBackend:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights for publishing, without tied duplicates."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()
-                if not (k == "lm_head.weight" and self.model.config.tie_word_embeddings)}
+        return {k: v.detach() for k, v in without_tied(self.model.state_dict().items(),
+                                                        self.model.config.tie_word_embeddings)}
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -104,12 +105,7 @@ class SingleProcessBackend:
         (path / "state.json").write_text(json.dumps(extra, indent=1))
 
     def load_checkpoint(self, path: Path) -> dict:
-        missing, unexpected = self.model.load_state_dict(load_file(str(path / "model.safetensors")),
-                                                         strict=False)
-        if unexpected or [k for k in missing if k != "lm_head.weight"]:
-            raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, "
-                             f"unexpected {unexpected}")
-        self.model.tie_weights()
+        load_state(self.model, load_file(str(path / "model.safetensors")), f"checkpoint {path}")
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         return json.loads((path / "state.json").read_text())
 

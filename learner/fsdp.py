@@ -31,6 +31,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from models.logprobs import token_logprobs
+from models.tied import without_tied
 
 
 class FSDP2Backend:
@@ -84,10 +85,8 @@ class FSDP2Backend:
 
     def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """All-gathers one tensor at a time (a collective: every rank must iterate to the end)."""
-        tied = self.model.config.tie_word_embeddings
-        for name, t in self.model.state_dict().items():
-            if tied and name == "lm_head.weight":
-                continue
+        named = without_tied(self.model.state_dict().items(), self.model.config.tie_word_embeddings)
+        for name, t in named:
             yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:

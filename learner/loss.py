@@ -48,6 +48,11 @@ class LossNorm:
     rows: int
     """Sequences in the whole minibatch (seq_mean_token_mean, constant)."""
 
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> LossNorm:
+        """The counts of a whole minibatch held by one process (mask: (rows, tokens))."""
+        return cls(tokens=float(mask.sum()), rows=mask.shape[0])
+
 
 def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor,
@@ -58,7 +63,8 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
     logp, behavior, prox, mask, staleness: (batch, tokens); advantages: (batch,).
     Returns the scalar loss and detached statistics (means over masked tokens). With `norm`
     (a data-parallel shard) both are this shard's share of the minibatch's values: sum them
-    over ranks (`is_weight_max`: take the max)."""
+    over ranks (`is_weight_max`: take the max); without it the rows are the whole minibatch."""
+    norm = LossNorm.of(mask) if norm is None else norm
     adv = advantages[:, None]
     with torch.no_grad():
         log_w = (prox - behavior) * mask
@@ -88,7 +94,7 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
     token_loss = pg * weight
     loss = aggregate(token_loss, mask, cfg.loss_agg, max_new_tokens, norm)
     with torch.no_grad():
-        n = mask.sum().clamp(min=1) if norm is None else max(norm.tokens, 1.0)
+        n = max(norm.tokens, 1.0)
         r = torch.exp(prox - behavior)
         stats = {
             "clip_frac": (clipped.float() * mask).sum() / n,
@@ -104,22 +110,10 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
 
 
 def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int,
-              norm: LossNorm | None = None) -> torch.Tensor:
-    if norm is not None:
-        return _aggregate_share(token_loss, mask, kind, max_new_tokens, norm)
-    if kind == "token_mean":
-        return (token_loss * mask).sum() / mask.sum().clamp(min=1)
-    if kind == "seq_mean_token_mean":
-        per_seq = (token_loss * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return per_seq.mean()
-    if kind == "constant":
-        return (token_loss * mask).sum() / (mask.shape[0] * max_new_tokens)
-    raise ValueError(f"unknown loss aggregation {kind!r}")
-
-
-def _aggregate_share(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int,
-                     norm: LossNorm) -> torch.Tensor:
-    """This shard's share of `aggregate` over the whole minibatch described by `norm`."""
+              norm: LossNorm) -> torch.Tensor:
+    """This rows' share of the minibatch loss that `norm` describes: sums over these rows
+    divided by the whole minibatch's counts. A single process passes its whole minibatch's
+    counts (`LossNorm.of`), so its share is the loss."""
     if kind == "token_mean":
         return (token_loss * mask).sum() / max(norm.tokens, 1.0)
     if kind == "seq_mean_token_mean":

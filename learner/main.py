@@ -239,8 +239,9 @@ def _sigterm_interrupts():
 def _log_waiting(st: LeadState) -> None:
     snap = st.server.snapshot()
     dead = st.actors.exited()
-    log.info("v%d waiting for trajectories: buffer %d, actors connected %d, leases outstanding %d%s",
-             st.version, len(st.buffer), snap["actors_connected"], snap["leases"]["outstanding"],
+    log.info("v%d waiting for trajectories: buffer %d, actors connected %d (oldest weights v%d), "
+             "leases outstanding %d%s", st.version, len(st.buffer), snap["actors_connected"],
+             snap["oldest_actor_weights"], snap["leases"]["outstanding"],
              f", local actor(s) {dead} exited" if dead else "")
     if st.actors and len(dead) == len(st.actors) and snap["actors_connected"] == 0:
         raise RuntimeError("every local actor has exited; see run_dir/logs/actor-*.log")

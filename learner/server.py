@@ -77,7 +77,6 @@ class LearnerServer(threading.Thread):
         self.rollout_ends: Counter[str] = Counter()
         """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
         transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
-        self.weights_served = 0
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -146,16 +145,13 @@ class LearnerServer(threading.Thread):
     def snapshot(self) -> dict:
         """Counters for metrics and the accounting check (a consistent copy)."""
         with self._lock:
-            now = time.monotonic()
             return {
                 "actors_connected": len(self.actors),
-                "actor_versions": {a: s.weight_version for a, s in self.actors.items()},
-                "oldest_actor_silence_s": max((now - s.last_seen for s in self.actors.values()),
-                                              default=0.0),
+                "oldest_actor_weights": min((s.weight_version for s in self.actors.values()),
+                                            default=-1),
                 "leases": self.leases.counts(),
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
-                "weights_served": self.weights_served,
                 "rollout_ends": dict(self.rollout_ends),
             }
 
@@ -443,7 +439,6 @@ class LearnerServer(threading.Thread):
             header = self._enc.encode(m.WeightBucket(version=packed.manifest.version, index=i,
                                                      nbytes=len(data)))
             self.weights.send_multipart([identity, header, data], copy=False)
-        self.weights_served += 1
 
 
 def _model_files(model_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, bytes]:

@@ -36,9 +36,10 @@ def engine(tiny_model_dir):
 def _hf(model_dir, state):
     from transformers import AutoModelForCausalLM
 
+    from models.tied import load_state
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.load_state_dict(state, strict=False)
-    model.tie_weights()
+    load_state(model, state, "test weights")
     return model
 
 
@@ -47,8 +48,11 @@ def _state(model_dir, noise: float = 0.0, seed: int = 0) -> dict[str, torch.Tens
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
+    from models.tied import without_tied
+
+    tied = model.config.tie_word_embeddings
     return {k: v.detach() + noise * torch.randn(v.shape, generator=g)
-            for k, v in model.state_dict().items() if k != "lm_head.weight"}
+            for k, v in without_tied(model.state_dict().items(), tied)}
 
 
 def _load(engine, state, version):

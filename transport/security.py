@@ -20,10 +20,6 @@ from zmq.auth.thread import ThreadAuthenticator
 from configs.schema import TransportConfig
 
 
-def enabled(t: TransportConfig) -> bool:
-    return bool(t.curve_server_secret or t.curve_client_secret)
-
-
 def start_authenticator(ctx: zmq.Context, t: TransportConfig) -> ThreadAuthenticator | None:
     """Learner side: admit only the public keys in curve_allowed_dir. None when CURVE is off."""
     if not t.curve_server_secret:
