@@ -8,16 +8,15 @@ model sharded across torchrun ranks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
 
+from learner import checkpoint
 from models.logprobs import token_logprobs
-from models.tied import load_state, without_tied
+from models.tied import without_tied
 
 
 class Backend(Protocol):
@@ -47,10 +46,12 @@ class Backend(Protocol):
         """The full (unsharded) weights one tensor at a time, without tied duplicates."""
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        """Model + optimizer into directory `path`; rank 0 also writes `extra` (state.json)."""
+        """Model + optimizer into directory `path` (learner/checkpoint.py: one format for every
+        backend); rank 0 also writes `extra` (state.json)."""
 
     def load_checkpoint(self, path: Path) -> dict:
-        """Restore model + optimizer from `path`; returns the `extra` saved with it."""
+        """Restore model + optimizer from `path` (written by any backend, any number of
+        ranks); returns the `extra` saved with it."""
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (rank 0 writes it)."""
@@ -99,15 +100,10 @@ class SingleProcessBackend:
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()},
-                  str(path / "model.safetensors"))
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
-        (path / "state.json").write_text(json.dumps(extra, indent=1))
+        checkpoint.save(path, self.model, self.optimizer, extra, "single", 0, 1)
 
     def load_checkpoint(self, path: Path) -> dict:
-        load_state(self.model, load_file(str(path / "model.safetensors")), f"checkpoint {path}")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        return json.loads((path / "state.json").read_text())
+        return checkpoint.load(path, self.model, self.optimizer)
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (safetensors + config + tokenizer)."""

@@ -8,28 +8,25 @@ CPU, NCCL on GPUs). Gradients are summed over ranks, not averaged: the trainer g
 its share of the minibatch loss (learner/loss.py `LossNorm`), so the sum is the single-process
 gradient. Clipping uses the global norm over all shards.
 
-Checkpoints are `torch.distributed.checkpoint` directories (each rank writes its shards of the
-model and the AdamW state; they load into any number of ranks). The run directory must be on a
-filesystem every rank sees.
+Checkpoints are `torch.distributed.checkpoint` directories (learner/checkpoint.py: each rank
+writes its shards of the model and the AdamW state; they load into any number of ranks, and
+into the `single` backend). The run directory must be on a filesystem every rank sees.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
+from learner import checkpoint
 from models.logprobs import token_logprobs
 from models.tied import without_tied
 
@@ -90,36 +87,10 @@ class FSDP2Backend:
             yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
-        # A fresh AdamW has no state; get_state_dict would create it with a zero-gradient step
-        # (step count 1), which would change the run. Then only the model is saved.
-        with_optimizer = bool(self.optimizer.state)
-        state = self._dcp_state(with_optimizer)
-        dcp.save(state, checkpoint_id=str(path / "dcp"))
-        if self.dp_rank == 0:
-            (path / "backend.json").write_text(json.dumps(
-                {"backend": "fsdp2", "ranks": self.dp_size, "optimizer": with_optimizer}))
-            (path / "state.json").write_text(json.dumps(extra, indent=1))
-        dist.barrier()
+        checkpoint.save(path, self.model, self.optimizer, extra, "fsdp2", self.dp_rank, self.dp_size)
 
     def load_checkpoint(self, path: Path) -> dict:
-        if not (path / "backend.json").exists():
-            raise ValueError(f"checkpoint {path} was not written by the fsdp2 backend "
-                             f"(no backend.json); resume it with learner.backend=single")
-        with_optimizer = json.loads((path / "backend.json").read_text())["optimizer"]
-        state = self._dcp_state(with_optimizer)
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
-        if with_optimizer:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
-        else:
-            set_model_state_dict(self.model, state["model"])
-        return json.loads((path / "state.json").read_text())
-
-    def _dcp_state(self, with_optimizer: bool) -> dict:
-        if not with_optimizer:
-            return {"model": get_model_state_dict(self.model)}
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optimizer": optim_state}
+        return checkpoint.load(path, self.model, self.optimizer)
 
     def export_hf(self, path: Path) -> None:
         """Rank 0 writes safetensors + config + tokenizer; the full weights exist only there."""

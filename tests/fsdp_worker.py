@@ -1,12 +1,13 @@
 """Run under torchrun by tests/test_fsdp.py: the FSDP2 backend + Trainer on a fixed batch sequence.
 
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py train  OUT MODEL_DIR
-    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT MODEL_DIR
+    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT MODEL_DIR [CKPT NAME]
 
 train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
         and the full gradients go to OUT/grads_{agg}.*; (2) STEPS steps on batches 0..STEPS-1,
         a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export.
-resume: a fresh process group loads OUT/ckpt and trains batches CKPT_AT..STEPS-1.
+resume: a fresh process group loads CKPT (default OUT/ckpt; any backend's checkpoint) and trains
+        batches CKPT_AT..STEPS-1; the weights go to OUT/NAME (default resume_final.safetensors).
 Only rank 0 writes files (besides the checkpoint's shards).
 """
 
@@ -109,20 +110,20 @@ def train(out: Path, model_dir: Path, ranks) -> None:
         (out / "train_metrics.json").write_text(json.dumps(rows))
 
 
-def resume(out: Path, model_dir: Path, ranks) -> None:
+def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") -> None:
     cfg = config(model_dir)
     backend, trainer = make(cfg, ranks)
-    state = backend.load_checkpoint(out / "ckpt")
+    state = backend.load_checkpoint(Path(ckpt) if ckpt else out / "ckpt")
     for step in range(state["version"], STEPS):
         trainer.step(synthetic_groups(cfg, step), step)
-    write(out, "resume_final.safetensors", dict(backend.named_full_tensors()))
+    write(out, name or "resume_final.safetensors", dict(backend.named_full_tensors()))
 
 
 def main() -> None:
-    mode, out, model_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
     ranks = distributed.start("fsdp2")
-    {"train": train, "resume": resume}[mode](out, model_dir, ranks)
+    {"train": train, "resume": resume}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 
 

@@ -112,6 +112,39 @@ def test_checkpoint_resumed_by_fresh_processes_is_bitwise_exact(fsdp_run, tiny_m
         assert torch.equal(resumed[k], v), k
 
 
+def test_fsdp2_checkpoint_resumes_in_a_single_process(fsdp_run, tiny_model_dir):
+    """The FSDP2 checkpoint after step 3 loads into the single backend; steps 4-6 there end
+    where the uninterrupted FSDP2 run ended (one checkpoint format for both backends)."""
+    cfg = fsdp_worker.config(tiny_model_dir)
+    backend, trainer = _single(cfg)
+    state = backend.load_checkpoint(fsdp_run / "ckpt")
+    assert state["version"] == fsdp_worker.CKPT_AT
+    at_ckpt = load_file(str(fsdp_run / f"train_{fsdp_worker.CKPT_AT}.safetensors"))
+    assert _max_diff(backend.state_dict(), at_ckpt) == 0
+    for step in range(fsdp_worker.CKPT_AT, fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, step), step)
+    uninterrupted = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
+    assert _max_diff(backend.state_dict(), uninterrupted) <= TOL
+    assert _max_diff(at_ckpt, uninterrupted) > 100 * TOL
+
+
+def test_single_checkpoint_resumes_under_fsdp2(fsdp_run, tiny_model_dir, tmp_path):
+    """A single-process checkpoint after step 3 (model + AdamW state) loads into 2 FSDP2
+    ranks; steps 4-6 there end where the uninterrupted single-process run ends."""
+    cfg = fsdp_worker.config(tiny_model_dir)
+    backend, trainer = _single(cfg)
+    for step in range(fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, step), step)
+        if step + 1 == fsdp_worker.CKPT_AT:
+            backend.save_checkpoint(tmp_path / "ckpt", {"version": fsdp_worker.CKPT_AT})
+    meta = json.loads((tmp_path / "ckpt" / "backend.json").read_text())
+    assert meta == {"backend": "single", "ranks": 1, "optimizer": True}
+    _torchrun("tests/fsdp_worker.py", "resume", str(tmp_path), str(tiny_model_dir),
+              str(tmp_path / "ckpt"), "from_single.safetensors")
+    resumed = load_file(str(tmp_path / "from_single.safetensors"))
+    assert _max_diff(resumed, backend.state_dict()) <= TOL
+
+
 def test_groups_cross_ranks_unchanged(tiny_model_dir):
     cfg = fsdp_worker.config(tiny_model_dir)
     groups = fsdp_worker.synthetic_groups(cfg, 2)

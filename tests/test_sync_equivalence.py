@@ -26,7 +26,7 @@ def test_eta0_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, corr
     assert lp.finish(timeout=300) == 0, lp.tail()
     assert procs.summary(run)["steps"] == STEPS
     assert all(r["staleness_max"] == 0 for r in procs.metrics(run))
-    distributed = load_file(str(run / "checkpoints" / f"step_{STEPS}" / "model.safetensors"))
+    distributed = load_file(str(run / "final_model" / "model.safetensors"))  # after step STEPS
 
     cfg = load_config(procs.PRESET, [*overrides, f"model.path={tiny_model_dir}"])
     synchronous = run_sync(cfg, STEPS).state_dict()

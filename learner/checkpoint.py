@@ -1,0 +1,63 @@
+"""One checkpoint format for every backend: `torch.distributed.checkpoint` directories.
+
+    step_N/
+      dcp/          model (+ AdamW state once it exists), written by every rank (its shards)
+      backend.json  {"backend", "ranks", "optimizer"}: who wrote it (informational)
+      state.json    the learner's own state (version, prompt cursor, leases, buffer counters)
+      buffer.npz    the waiting groups (buffer/record.py codec; written by learner/main.py)
+
+State dicts go through `get_state_dict` / `set_state_dict`, which name parameters the same
+way for a plain module and an FSDP2-sharded one, so a checkpoint written by `single` resumes
+under `fsdp2` on any number of ranks and the other way round. Without a process group (the
+`single` backend) DCP reads and writes in this process alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+
+def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
+         backend: str, rank: int, ranks: int) -> None:
+    """Every rank calls this; rank 0 also writes backend.json and state.json (`extra`).
+
+    A fresh AdamW has no state; get_state_dict would create it with a zero-gradient step
+    (step count 1), which would change the run. Then only the model is saved."""
+    with_optimizer = bool(optimizer.state)
+    dcp.save(_state(model, optimizer, with_optimizer), checkpoint_id=str(path / "dcp"),
+             no_dist=not dist.is_initialized())
+    if rank == 0:
+        (path / "backend.json").write_text(json.dumps(
+            {"backend": backend, "ranks": ranks, "optimizer": with_optimizer}))
+        (path / "state.json").write_text(json.dumps(extra, indent=1))
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model (+ optimizer) from `path` on every rank; returns state.json."""
+    if not (path / "backend.json").exists():
+        raise ValueError(f"{path} is not a Tether checkpoint (no backend.json)")
+    with_optimizer = json.loads((path / "backend.json").read_text())["optimizer"]
+    state = _state(model, optimizer, with_optimizer)
+    dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
+    if with_optimizer:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+    else:
+        set_model_state_dict(model, state["model"])
+    return json.loads((path / "state.json").read_text())
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool) -> dict:
+    if not with_optimizer:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
