@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -94,6 +95,38 @@ def finish_clean(lp: Proc, run_dir: Path, steps: int, timeout: float) -> dict:
     assert s["rejected_messages"] == {}, s["rejected_messages"]
     assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, s["groups"]["dropped"]
     return s
+
+
+class ThreadLog(logging.Handler):
+    """Log records of this process, collected per thread (in-process actors are threads)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: dict[str, list[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.setdefault(record.threadName, []).append(record.getMessage())
+
+
+def run_inproc(run_dir: Path, model_dir: Path, *overrides: str,
+               preset: Path = PRESET) -> tuple[dict, ThreadLog]:
+    """Learner and its actors.num_local actors in this process (transport.kind=inproc: actor
+    threads over ZeroMQ's in-process transport); returns the summary and the log per thread."""
+    from configs.loader import load_config
+    from learner.main import run
+
+    cfg = load_config(preset, [f"run_dir={run_dir}", f"model.path={model_dir}",
+                               "transport.kind=inproc", *overrides])
+    handler, root = ThreadLog(), logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        summary_ = run(cfg)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return summary_, handler
 
 
 def summary(run_dir: Path) -> dict:

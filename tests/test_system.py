@@ -1,8 +1,9 @@
-"""Learner and actors as separate processes over real ZeroMQ sockets on loopback."""
+"""Learner and actors end to end: as separate processes over real ZeroMQ sockets on loopback
+(faults, fuzzing, restarts), or in one process (transport.kind=inproc) where a test checks
+protocol, accounting and learning rather than sockets."""
 
 from __future__ import annotations
 
-import glob
 import re
 
 import numpy as np
@@ -20,12 +21,11 @@ def _check_accounting(s: dict) -> None:
 
 
 def test_learner_with_two_local_actors_trains_and_accounts(tmp_path, tiny_model_dir):
+    """Protocol and accounting with two actors, in one process (transport.kind=inproc)."""
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=8", "learner.log_every=1",
-                       "max_staleness=1")
-    assert lp.finish(timeout=240) == 0, lp.tail()
-    s = procs.summary(run)
-    assert s["steps"] == 8
+    s, logs = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=8", "learner.log_every=1",
+                               "max_staleness=1")
+    assert s["steps"] == 8 and procs.summary(run) == s
     _check_accounting(s)
     assert s["groups"]["consumed"] == 8 * 16
     assert s["rejected_messages"] == {}  # every trajectory used weights >= its lease's min_version
@@ -34,8 +34,8 @@ def test_learner_with_two_local_actors_trains_and_accounts(tmp_path, tiny_model_
     assert all(r["staleness_max"] <= 1 for r in rows)
     assert any(r["staleness_max"] == 1 for r in rows)  # the actors really ran ahead
     # Both actors took part, and each loaded a run of successive versions.
-    for log in sorted(glob.glob(str(run / "logs" / "actor-*.log"))):
-        text = open(log).read()
+    for name in ("actor-local-0", "actor-local-1"):
+        text = "\n".join(logs.lines.get(name, []))
         versions = [int(v) for v in re.findall(r"loaded weights v(\d+)", text)]
         assert versions and versions == sorted(versions) and versions[-1] >= 6, text[-2000:]
         assert "groups generated" in text
@@ -47,16 +47,14 @@ def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
     """transport.weights_via=filesystem: actors read each version's safetensors file; the
     socket carries only the notice, and old files are pruned to max_staleness + 3."""
     run, shared = tmp_path / "run", tmp_path / "shared"
-    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=8", "max_staleness=1",
-                       "transport.weights_via=filesystem", f"transport.weights_dir={shared}")
-    assert lp.finish(timeout=240) == 0, lp.tail()
-    s = procs.summary(run)
+    s, logs = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=8", "max_staleness=1",
+                               "transport.weights_via=filesystem", f"transport.weights_dir={shared}")
     assert s["steps"] == 8 and s["rejected_messages"] == {}
     _check_accounting(s)
     files = sorted(p.name for p in shared.glob("v*.safetensors"))
     assert files == [f"v{v:08d}.safetensors" for v in range(5, 9)], files
-    for log in sorted(glob.glob(str(run / "logs" / "actor-*.log"))):
-        loaded = re.findall(r"loaded weights v(\d+) from (\S+)", open(log).read())
+    for name in ("actor-local-0", "actor-local-1"):
+        loaded = re.findall(r"loaded weights v(\d+) from (\S+)", "\n".join(logs.lines[name]))
         assert loaded and all(path.startswith(str(shared)) for _, path in loaded), loaded
 
 
@@ -166,9 +164,8 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
 @pytest.mark.slow
 def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0")
-    assert lp.finish(timeout=900) == 0, lp.tail()
-    s = procs.summary(run)
+    s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=300",
+                            "learner.checkpoint_every=0")
     assert s["eval_reward_start"] <= 0.45
     assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
     _check_accounting(s)
