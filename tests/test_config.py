@@ -40,6 +40,8 @@ def test_every_shipped_preset_is_valid(preset):
     (["learner.backend=megatron"], "learner.backend must be single or fsdp2 (megatron is reserved and not implemented"),
     (["learner.backend=deepspeed"], "learner.backend must be one of single, fsdp2, megatron"),
     (["learner.lr"], "must look like section.field=value"),
+    (["transport.kind=inproc", "actors.num_local=0"], "actors.num_local must be >= 1 with transport.kind=inproc"),
+    (["transport.kind=ipc"], "transport.kind must be one of zmq, inproc"),
     (["learner=3"], "learner must be a mapping"),
 ])
 def test_bad_overrides_name_the_field(override, expected):
