@@ -1,12 +1,15 @@
 """The learner process: wires every component together and runs the training loop.
 
     actors (PUSH) ──trajectories──▶ [I/O thread: validate ─▶ ReplayBuffer] ──take()──▶ trainer
-    actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats]                      │
-    actors (DEALER) ◀─weights──── [I/O thread: buckets of version v] ◀──publish(v+1)────┘
+    actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats, VersionAnnounce]      │
+    actors (DEALER) ◀─weights──── [I/O thread: buckets of version v] ◀─announce(v+1)◀─ gather
 
+`start` restores or begins, gathers and evaluates version v, binds the sockets and starts the
+local actors; `train` loops; `finish` checkpoints, evaluates, exports and writes the summary.
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
-waits for every few seconds, so a stall is never silent), trains one step, and publishes the
-next version. The I/O thread (learner/server.py) never waits on the trainer.
+waits for every few seconds, so a stall is never silent), trains one step, gathers the new
+weights (`Leader.gather_weights`, a collective under FSDP2) and hands them to the I/O thread to
+announce (`LearnerServer.announce`, never blocks). The I/O thread never waits on the trainer.
 
 With `learner.backend=fsdp2` under torchrun, only rank 0 runs this loop (and owns sockets,
 buffer, leases, actors, files); the other ranks follow its commands (learner/distributed.py).
