@@ -24,6 +24,8 @@ class ModelConfig:
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
+    dtype: str = "float32"
+    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
 
 
 @dataclass
@@ -102,6 +104,8 @@ class LearnerConfig:
     """Seed for the prompt order and the learner's torch RNG."""
     backend: str = "single"
     """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
+    device: str = "auto"
+    """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
 
 
 @dataclass
@@ -142,6 +146,8 @@ class ActorsConfig:
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: float = 0.0
     """simulated engine: lognormal sigma of the request latency (0 = constant)."""
+    device: str = "auto"
+    """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
 
 
 @dataclass
@@ -225,6 +231,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "transport.weights_via": ("zmq", "filesystem"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
     "actors.agent": ("single_turn", "tools", "openai"),
+    "model.dtype": ("float32", "bfloat16"),
+    "learner.device": ("auto", "cpu", "cuda"),
+    "actors.device": ("auto", "cpu", "cuda"),
 }
 """Allowed values of the string fields that name a choice."""
 
