@@ -180,6 +180,9 @@ def _log_summary(summary: dict) -> None:
 
 
 def _interrupt(signum, frame) -> None:
+    # Once: under torchrun and Slurm a cancel sends SIGTERM twice (slurmd to every process of
+    # the step, torchrun to its workers); a second one must not cut the checkpoint short.
+    signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
