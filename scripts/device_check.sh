@@ -59,13 +59,13 @@ fi
 say "model: ${model:-tiny (built for the dry run)}"
 
 say "3/4 GPU tests (pytest -m gpu)"
-TETHER_GPU_MODEL=$model timeout 300 "$py" -m pytest -m gpu -q -p no:cacheprovider \
+TETHER_GPU_MODEL=$model timeout 240 "$py" -m pytest -m gpu -q -p no:cacheprovider \
   --junitxml="$work/gpu_tests.xml" tests
 say "pytest -m gpu exited with $?"
 
 say "4/4 measurements"
 [ "$dry" = 1 ] && args+=(--dry-run)
-timeout 240 "$py" scripts/device_check.py "${args[@]}" --junit "$work/gpu_tests.xml" \
+timeout 180 "$py" scripts/device_check.py "${args[@]}" --junit "$work/gpu_tests.xml" \
   --out "$out" "${extra[@]}"
 rc=$?
 say "report: $out (device_check.py exited with $rc)"
