@@ -3,6 +3,8 @@ unchanged, bfloat16 on CPU, and the learner refusing an actor whose dtype differ
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -33,7 +35,7 @@ def test_defaults_keep_the_cpu_float32_path():
     cfg = load_config(procs.PRESET, [])
     assert (cfg.model.dtype, cfg.learner.device, cfg.actors.device) == ("float32", "auto", "auto")
     assert isinstance(devices.compute(torch.device("cpu"), torch.float32),
-                      type(__import__("contextlib").nullcontext()))
+                      contextlib.nullcontext)
 
 
 def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
