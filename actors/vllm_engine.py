@@ -35,7 +35,7 @@ UPDATE_MODES = ("wait", "keep", "abort")
 
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
-                 enforce_eager: bool, max_num_seqs: int) -> None:
+                 enforce_eager: bool, max_num_seqs: int, dtype: str = "float32") -> None:
         """Start vLLM with placeholder weights; nothing is generated before `load_*`.
         Blocks for the engine start-up (15-60 s on CPU): call it from a worker thread."""
         import json
@@ -59,11 +59,14 @@ class VLLMEngine:
         """Set while requests may be submitted (cleared during a weight update)."""
         self._open.set()
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-            model=str(model_dir), dtype="float32", load_format="dummy", seed=seed,
+            model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
             enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             generation_config="vllm", disable_log_stats=True,
             worker_extension_cls="actors.vllm_worker.TetherWorkerExtension"))
+        if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
+            raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
+                             f"model.dtype is {dtype}")
 
     async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
                        seed: int) -> Completion:

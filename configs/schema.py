@@ -52,6 +52,8 @@ class ModelConfig(Section):
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
 
 
 class TaskConfig(Section):
@@ -128,6 +130,8 @@ class LearnerConfig(Section):
     """Seed for the prompt order and the learner's torch RNG."""
     backend: Literal["single", "fsdp2", "megatron"] = "single"
     """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
 
 
 class ActorsConfig(Section):
@@ -167,6 +171,8 @@ class ActorsConfig(Section):
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
     """simulated engine: lognormal sigma of the request latency (0 = constant)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
 
 
 class BufferConfig(Section):

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from learner import checkpoint
+from models.devices import compute
 from models.logprobs import token_logprobs
 from models.tied import without_tied
 
@@ -61,19 +62,24 @@ class SingleProcessBackend:
     dp_rank = 0
     dp_size = 1
 
-    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int) -> None:
+    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
+                 device: torch.device = torch.device("cpu"),
+                 dtype: torch.dtype = torch.float32) -> None:
+        """fp32 weights on `device`; forward passes in `dtype` (models/devices.py)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
-        self.device = torch.device("cpu")
+        self.device = device
+        self.dtype = dtype
         self.model_dir = Path(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        self.model.train()
+        self.model.to(device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr,
                                            weight_decay=weight_decay)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        return token_logprobs(self.model, input_ids, temperature)
+        with compute(self.device, self.dtype):
+            return token_logprobs(self.model, input_ids, temperature)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""

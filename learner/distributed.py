@@ -38,6 +38,7 @@ from buffer import record
 from buffer.record import TrajGroup
 from learner.backend import Backend, SingleProcessBackend
 from learner.trainer import Trainer
+from models.devices import resolve_device
 from transport.weights import PackedWeights, pack
 
 log = logging.getLogger(__name__)
@@ -62,26 +63,26 @@ class Ranks:
     """This rank's training device (cuda:LOCAL_RANK with NCCL, cpu with gloo)."""
 
 
-def start(backend: str) -> Ranks:
-    """Join the torchrun process group for `fsdp2` (NCCL if CUDA is available, else gloo)."""
+def start(backend: str, device: str = "auto") -> Ranks:
+    """Join the torchrun process group for `fsdp2` (NCCL when `device` resolves to CUDA, else
+    gloo). `device` is `learner.device` (models/devices.py)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if backend == "single":
         if world > 1:
             raise RuntimeError(f"learner.backend=single cannot run on {world} torchrun ranks; "
                                "use learner.backend=fsdp2")
-        return Ranks(0, 1, torch.device("cpu"))
+        return Ranks(0, 1, resolve_device(device, "learner.device"))
     if "RANK" not in os.environ:
         raise RuntimeError("learner.backend=fsdp2 runs under torchrun: torchrun --nproc_per_node N "
                            "-m learner -c CONFIG learner.backend=fsdp2")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+    dev = resolve_device(device, "learner.device", int(os.environ["LOCAL_RANK"]))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev)
     else:
-        device = torch.device("cpu")
         dist.init_process_group("gloo")
-    log.info("rank %d of %d on %s (%s)", dist.get_rank(), world, device, dist.get_backend())
-    return Ranks(dist.get_rank(), world, device)
+    log.info("rank %d of %d on %s (%s)", dist.get_rank(), world, dev, dist.get_backend())
+    return Ranks(dist.get_rank(), world, dev)
 
 
 def barrier(ranks: Ranks) -> None:
@@ -98,12 +99,12 @@ def close(ranks: Ranks) -> None:
 
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 ranks: Ranks) -> Backend:
+                 ranks: Ranks, dtype: torch.dtype = torch.float32) -> Backend:
     if backend == "single":
-        return SingleProcessBackend(model_dir, lr, weight_decay, seed)
+        return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype)
     from learner.fsdp import FSDP2Backend
 
-    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device)
+    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype)
 
 
 class Leader:

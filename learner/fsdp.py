@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from learner import checkpoint
@@ -33,7 +33,7 @@ from models.tied import without_tied
 
 class FSDP2Backend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 device: torch.device) -> None:
+                 device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -44,9 +44,12 @@ class FSDP2Backend:
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.to(device).train()
         mesh = init_device_mesh(device.type, (self.dp_size,))
+        # float32: no policy (as before); else fp32 shards, `dtype` compute, fp32 reduction
+        mp = {} if dtype == torch.float32 else {
+            "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)}
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, **mp)
+        fully_shard(model, mesh=mesh, **mp)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # sum, not average, over ranks (see docstring)
                 module.set_gradient_divide_factor(1.0)

@@ -41,6 +41,7 @@ from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
 from learner.trainer import Trainer
+from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,9 @@ def run(cfg: TetherConfig) -> dict | None:
 
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
-    torch.set_num_threads(1)
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend)
+    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
+    devices.limit_cpu_threads(ranks.device)
     run_dir = Path(cfg.run_dir)
     if ranks.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,8 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks)
+    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
+                                       devices.torch_dtype(cfg.model.dtype))
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
@@ -124,7 +126,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
     packed = team.gather_weights(version)
-    eval_engine = HFEngine(model_dir)
+    eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
@@ -230,6 +232,9 @@ def _sigterm_interrupts():
         return
 
     def interrupt(signum, frame):
+        # Once: under torchrun and Slurm a cancel sends SIGTERM twice (slurmd to every process
+        # of the step, torchrun to its workers); a second one must not cut the checkpoint short.
+        signal.signal(signum, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)

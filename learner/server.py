@@ -295,6 +295,11 @@ class LearnerServer(threading.Thread):
                          f"protocol version mismatch: actor {msg.actor_id!r} speaks "
                          f"v{msg.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}", identity)
             return
+        if msg.dtype and msg.dtype != self.cfg.model.dtype:
+            self._reject("dtype", f"actor {msg.actor_id!r} computes in model.dtype={msg.dtype}, "
+                         f"the learner in {self.cfg.model.dtype}: logprobs would not match",
+                         identity)
+            return
         if not (0 < len(msg.actor_id) <= 128 and msg.actor_id.isascii() and msg.actor_id.isprintable()):
             self._reject("bad_actor_id", "actor_id must be 1..128 printable ASCII characters",
                          identity)

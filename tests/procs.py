@@ -19,9 +19,9 @@ PRESET = ROOT / "configs" / "toy_reverse.yaml"
 class Proc:
     """A `python -m MODULE ...` child whose output lines are collected by a reader thread."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
+    def __init__(self, args: list[str], log_path: Path, prefix: tuple[str, ...] = ()) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")  # prefix: e.g. ("ip", "netns", "exec", NS)
+        self.p = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.lines: list[str] = []
         self.eof = False

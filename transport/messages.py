@@ -70,6 +70,9 @@ class Hello(msgspec.Struct, tag="hello"):
     actor_id: str
     engine: str
     incarnation: str = ""
+    dtype: str = ""
+    """The engine's compute dtype (`model.dtype`); the learner refuses one unlike its own
+    ("" = not said, not checked)."""
 
 
 class WorkRequest(msgspec.Struct, tag="work"):

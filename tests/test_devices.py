@@ -1,0 +1,87 @@
+"""learner.device / actors.device / model.dtype: resolution, config errors, the float32 path
+unchanged, bfloat16 on CPU, and the learner refusing an actor whose dtype differs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+import procs
+from configs.loader import ConfigError, load_config
+from models import devices
+
+
+def test_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_names_the_field():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert devices.resolve_device("auto", "learner.device") == torch.device("cpu")
+    with pytest.raises(ValueError, match="actors.device is cuda but this machine has no usable CUDA"):
+        devices.resolve_device("cuda", "actors.device")
+    with pytest.raises(ValueError, match="learner.device must be auto, cpu or cuda, got 'tpu'"):
+        devices.resolve_device("tpu", "learner.device")
+
+
+@pytest.mark.parametrize("key,value", [("model.dtype", "float16"), ("learner.device", "gpu"),
+                                       ("actors.device", "cuda:1")])
+def test_bad_device_or_dtype_is_a_config_error_naming_the_field(key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be one of"):
+        load_config(procs.PRESET, [f"{key}={value}"])
+
+
+def test_defaults_keep_the_cpu_float32_path():
+    cfg = load_config(procs.PRESET, [])
+    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.device) == ("float32", "auto", "auto")
+    assert isinstance(devices.compute(torch.device("cpu"), torch.float32),
+                      contextlib.nullcontext)
+
+
+def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
+    from learner.backend import SingleProcessBackend
+    from models.logprobs import token_logprobs
+
+    b = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0)
+    ids = torch.randint(0, 16, (4, 10), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(b.logprobs(ids, 1.0), token_logprobs(b.model, ids, 1.0))
+    assert next(b.model.parameters()).dtype == torch.float32
+
+
+def test_bfloat16_engine_and_learner_on_cpu_agree_to_bf16_precision(tiny_model_dir):
+    """HF engine weights in bf16 vs the learner's fp32 weights under bf16 autocast: the same
+    policy within bf16 rounding, and measurably not float32."""
+    from actors.engine import GenerateRequest
+    from actors.hf_engine import HFEngine
+    from learner.backend import SingleProcessBackend
+
+    learner = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0, torch.device("cpu"),
+                                   torch.bfloat16)
+    engine = HFEngine(tiny_model_dir, "cpu", torch.bfloat16)
+    engine.load_weights(dict(learner.named_full_tensors()), 1)
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 16, size=6).astype(np.int32) for _ in range(16)]
+    outs = engine.generate([GenerateRequest(p, 5, 1.0, seed=i) for i, p in enumerate(prompts)])
+    gaps = []
+    with torch.no_grad():
+        for p, c in zip(prompts, outs):
+            ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
+            gaps.append(np.abs(learner.logprobs(ids, 1.0)[0, len(p) - 1:].numpy() - c.logprobs))
+    g = np.concatenate(gaps)
+    print(f"bf16 CPU gap engine vs learner: mean {g.mean():.2e} max {g.max():.2e} ({g.size} tokens)")
+    assert 0 < g.max() and g.mean() < 0.05
+
+
+def test_learner_refuses_an_actor_with_another_dtype(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", "learner.max_steps=2",
+                       "task.eval_prompts=8")
+    try:
+        lp.wait_for(r"learner listening", timeout=180)
+        a = procs.actor(run, "bf16-actor", "model.dtype=bfloat16")
+        assert a.finish(timeout=120) != 0
+        assert "computes in model.dtype=bfloat16, the learner in float32" in "".join(a.lines), a.tail()
+        lp.wait_for(r"rejected message #1 \(dtype\)", timeout=30)
+    finally:
+        lp.kill()
