@@ -10,6 +10,7 @@ help before any heavy import.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +102,13 @@ class LearnerConfig:
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: str = "single"
-    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
+    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
+    (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
+    megatron_tp: int = 1
+    """megatron: tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
+    megatron_pp: int = 1
+    """megatron: pipeline-parallel size (stages of consecutive layers); the data-parallel size is
+    torchrun ranks / (megatron_tp * megatron_pp)."""
 
 
 @dataclass
@@ -264,8 +271,12 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.minibatches >= 1 and L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
     need(L.epochs >= 1, "learner.epochs", ">= 1", L.epochs)
-    need(L.backend != "megatron", "learner.backend", "single or fsdp2 (megatron is reserved and "
-         "not implemented yet)", L.backend)
+    need(L.megatron_tp >= 1, "learner.megatron_tp", ">= 1", L.megatron_tp)
+    need(L.megatron_pp >= 1, "learner.megatron_pp", ">= 1", L.megatron_pp)
+    world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
+    need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
+         "learner.megatron_tp * learner.megatron_pp",
+         f"a divisor of the torchrun world size {world}", L.megatron_tp * L.megatron_pp)
     need(L.checkpoint_every >= 0, "learner.checkpoint_every", ">= 0", L.checkpoint_every)
     need(L.log_every >= 1, "learner.log_every", ">= 1", L.log_every)
     need(A.num_local >= 0, "actors.num_local", ">= 0", A.num_local)

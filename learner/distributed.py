@@ -69,8 +69,8 @@ def start(backend: str) -> Ranks:
                                "use learner.backend=fsdp2")
         return Ranks(0, 1, torch.device("cpu"))
     if "RANK" not in os.environ:
-        raise RuntimeError("learner.backend=fsdp2 runs under torchrun: torchrun --nproc_per_node N "
-                           "-m learner -c CONFIG learner.backend=fsdp2")
+        raise RuntimeError(f"learner.backend={backend} runs under torchrun: torchrun "
+                           f"--nproc_per_node N -m learner -c CONFIG learner.backend={backend}")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -96,9 +96,14 @@ def close(ranks: Ranks) -> None:
 
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 ranks: Ranks) -> Backend:
+                 ranks: Ranks, tp: int = 1, pp: int = 1) -> Backend:
+    """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only)."""
     if backend == "single":
         return SingleProcessBackend(model_dir, lr, weight_decay, seed)
+    if backend == "megatron":
+        from learner.megatron import MegatronBackend
+
+        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp)
     from learner.fsdp import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device)

@@ -13,8 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
     import torch
 
+    if importlib.util.find_spec("megatron.core") is None:
+        skip_megatron = pytest.mark.skip(reason="needs megatron-core (pip install -e .[megatron])")
+        for item in items:
+            if "megatron" in item.keywords:
+                item.add_marker(skip_megatron)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
