@@ -1,9 +1,11 @@
 """Run under torchrun by tests/test_megatron.py: the Megatron backend + Trainer on the fixed batch
 sequence of tests/fsdp_worker.py (the same batches the single-process reference trains on).
 
-    torchrun --standalone --nproc_per_node N tests/megatron_worker.py train  OUT MODEL_DIR TP PP
-    torchrun --standalone --nproc_per_node N tests/megatron_worker.py resume OUT MODEL_DIR TP PP
+    torchrun --standalone --nproc_per_node N tests/megatron_worker.py train  OUT MODEL_DIR TPxPP ...
+    torchrun --standalone --nproc_per_node N tests/megatron_worker.py resume OUT MODEL_DIR TPxPP ...
 
+Each layout TPxPP (e.g. 2x1, 1x2) runs in turn in the same process group (Megatron's model-parallel
+groups are rebuilt for each) and writes to OUT/TPxPP:
 train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
         and the full gradients (HF names) go to OUT/grads_{agg}.*; (2) STEPS steps on batches
         0..STEPS-1, a DCP checkpoint after step CKPT_AT, the published weights after every step,
@@ -69,10 +71,12 @@ def resume(out: Path, model_dir: Path, ranks, tp: int, pp: int) -> None:
 
 def main() -> None:
     mode, out, model_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    tp, pp = int(sys.argv[4]), int(sys.argv[5])
     torch.set_num_threads(1)
     ranks = distributed.start("megatron")
-    {"train": train, "resume": resume}[mode](out, model_dir, ranks, tp, pp)
+    for layout in sys.argv[4:]:
+        tp, pp = (int(x) for x in layout.split("x"))
+        (out / layout).mkdir(exist_ok=True)
+        {"train": train, "resume": resume}[mode](out / layout, model_dir, ranks, tp, pp)
     distributed.close(ranks)
 
 
