@@ -56,6 +56,8 @@ def train(out: Path, model_dir: Path, ranks, tp: int, pp: int) -> None:
             backend.save_checkpoint(out / "ckpt", {"version": CKPT_AT})
     backend.export_hf(out / "hf")
     if ranks.rank == 0:
+        (out / "device.json").write_text(json.dumps({"device": ranks.device.type,
+                                                     "dist": torch.distributed.get_backend()}))
         (out / "train_metrics.json").write_text(json.dumps(rows))
         (out / "step_seconds.json").write_text(json.dumps(times))
 
