@@ -23,6 +23,7 @@ resume needs the same learner.megatron_tp and megatron_pp (the data-parallel siz
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -74,10 +75,10 @@ class MegatronBackend:
         """Every rank reads only the HF tensors its shards need, one at a time."""
         from safetensors import safe_open
 
-        files = sorted(self.model_dir.glob("*.safetensors"))
-        handles = [safe_open(str(f), framework="pt") for f in files]
-        where = {k: h for h in handles for k in h.keys()}
-        with torch.no_grad():
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            handles = [stack.enter_context(safe_open(str(f), framework="pt"))
+                       for f in sorted(self.model_dir.glob("*.safetensors"))]
+            where = {k: h for h in handles for k in h.keys()}
             for name, p in self.model.named_parameters():
                 p.copy_(convert.to_megatron(name, lambda k: where[k].get_tensor(k), self.hf,
                                             self.tp_rank, self.tp, self.offset))
@@ -89,16 +90,17 @@ class MegatronBackend:
         if self.pp == 1:
             with cpu_redirects():
                 return _token_logprobs(self.model(**_inputs(ids)), ids, temperature)
-        logp = self._pipeline(ids, temperature, grad=None)
+        logp = self._last_stage_to_all(self._schedule(ids, temperature, grad=None), ids)
         if torch.is_grad_enabled():
             logp = logp.requires_grad_()
             self._pending = (ids, temperature, logp)
         return logp
 
-    def _pipeline(self, ids: torch.Tensor, temperature: float,
-                  grad: torch.Tensor | None) -> torch.Tensor:
+    def _schedule(self, ids: torch.Tensor, temperature: float,
+                  grad: torch.Tensor | None) -> list[torch.Tensor]:
         """Megatron's pipeline schedule over microbatches of `ids`. grad None: forward only,
-        returns the logprobs (on every stage); else forward + backward of sum(logp * grad)."""
+        returns each microbatch's logprobs on the last stage (else nothing); with `grad`:
+        forward + backward of sum(logprobs * grad), gradients accumulate in the parameters."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         n = max(d for d in range(1, self.pp + 1) if ids.shape[0] % d == 0)
@@ -116,12 +118,13 @@ class MegatronBackend:
             return out, loss_func
 
         with cpu_redirects():
-            store = get_forward_backward_func()(
+            return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[self.model],
                 num_microbatches=n, seq_length=ids.shape[1], micro_batch_size=ids.shape[0] // n,
                 forward_only=grad is None, collect_non_loss_data=grad is None)
-        if grad is not None:
-            return grad
+
+    def _last_stage_to_all(self, store: list[torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+        """The last stage's logprobs, broadcast to every stage of this pipeline."""
         shape = (ids.shape[0], ids.shape[1] - 1)
         logp = torch.cat(store) if self.last else torch.empty(shape, device=self.device)
         dist.broadcast(logp, src=self.ps.get_pipeline_model_parallel_last_rank(),
@@ -139,9 +142,9 @@ class MegatronBackend:
             ids, temperature, leaf = self._pending
             self._pending = None
             loss.backward()  # d loss / d logprobs, the same on every stage
-            self._pipeline(ids, temperature, grad=leaf.grad)
+            self._schedule(ids, temperature, grad=leaf.grad)
         self._sum_gradients()
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = list(self.model.parameters())
         norm = self._global_norm()
         if max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, norm)
