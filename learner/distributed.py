@@ -61,7 +61,8 @@ class Ranks:
 
 
 def start(backend: str) -> Ranks:
-    """Join the torchrun process group for `fsdp2` (NCCL if CUDA is available, else gloo)."""
+    """Join the torchrun process group for `fsdp2` or `megatron` (NCCL if CUDA is available,
+    else gloo)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if backend == "single":
         if world > 1:
