@@ -13,7 +13,7 @@ exists; with CUDA it changes nothing. File and line numbers are megatron-core 0.
    tensor itself (a TorchFunctionMode):
      pipeline_parallel/schedules.py:596, 2138  `total_num_tokens = torch.zeros(..., device="cuda")`
          in forward_backward_no_pipelining / forward_backward_pipelining_without_interleaving;
-     models/common/language_module/language_module.py:246  `weight.data.cuda()` before the
+     models/common/language_module/language_module.py:244  `weight.data.cuda()` before the
          all-reduce that copies tied embeddings from the first to the last pipeline stage.
 3. The model-parallel RNG tracker: tensor_parallel/random.py:235 `CudaRNGStatesTracker.add` calls
    torch.cuda.get_rng_state. `initialize_rng_tracker(inference_rng_tracker=True)` (public API)
