@@ -287,10 +287,9 @@ def _token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float)
     """Vocab-parallel logits (b, L, V/tp) -> log p(ids[:, t+1] | ...) (b, L-1), tempered."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return -vocab_parallel_cross_entropy(logits.contiguous(), ids[:, 1:].contiguous())
+    # always a new tensor (x / 1.0 is exact): vocab_parallel_cross_entropy works in place on it
+    logits = (logits[:, :-1].float() / temperature).contiguous()
+    return -vocab_parallel_cross_entropy(logits, ids[:, 1:].contiguous())
 
 
 def _hf_shapes(hf) -> dict[str, tuple[int, ...]]:
