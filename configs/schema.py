@@ -16,6 +16,7 @@ help before any heavy import.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -129,7 +130,13 @@ class LearnerConfig(Section):
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: Literal["single", "fsdp2", "megatron"] = "single"
-    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
+    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
+    (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
+    megatron_tp: Count = 1
+    """megatron: tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
+    megatron_pp: Count = 1
+    """megatron: pipeline-parallel size (stages of consecutive layers); the data-parallel size is
+    torchrun ranks / (megatron_tp * megatron_pp)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
 
@@ -265,8 +272,10 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
     need(L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
-    need(L.backend != "megatron", "learner.backend", "single or fsdp2 (megatron is reserved and "
-         "not implemented yet)", L.backend)
+    world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
+    need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
+         "learner.megatron_tp * learner.megatron_pp",
+         f"a divisor of the torchrun world size {world}", L.megatron_tp * L.megatron_pp)
     need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
     need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",

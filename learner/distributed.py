@@ -64,8 +64,8 @@ class Ranks:
 
 
 def start(backend: str, device: str = "auto") -> Ranks:
-    """Join the torchrun process group for `fsdp2` (NCCL when `device` resolves to CUDA, else
-    gloo). `device` is `learner.device` (models/devices.py)."""
+    """Join the torchrun process group for `fsdp2` or `megatron` (NCCL when `device` resolves
+    to CUDA, else gloo). `device` is `learner.device` (models/devices.py)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if backend == "single":
         if world > 1:
@@ -73,8 +73,8 @@ def start(backend: str, device: str = "auto") -> Ranks:
                                "use learner.backend=fsdp2")
         return Ranks(0, 1, resolve_device(device, "learner.device"))
     if "RANK" not in os.environ:
-        raise RuntimeError("learner.backend=fsdp2 runs under torchrun: torchrun --nproc_per_node N "
-                           "-m learner -c CONFIG learner.backend=fsdp2")
+        raise RuntimeError(f"learner.backend={backend} runs under torchrun: torchrun "
+                           f"--nproc_per_node N -m learner -c CONFIG learner.backend={backend}")
     dev = resolve_device(device, "learner.device", int(os.environ["LOCAL_RANK"]))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -99,9 +99,15 @@ def close(ranks: Ranks) -> None:
 
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 ranks: Ranks, dtype: torch.dtype = torch.float32) -> Backend:
+                 ranks: Ranks, dtype: torch.dtype = torch.float32, *, tp: int = 1,
+                 pp: int = 1) -> Backend:
+    """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only)."""
     if backend == "single":
         return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype)
+    if backend == "megatron":
+        from learner.megatron import MegatronBackend
+
+        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp)
     from learner.fsdp import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype)

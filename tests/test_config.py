@@ -37,7 +37,7 @@ def test_every_shipped_preset_is_valid(preset):
     (["max_staleness=-1"], "max_staleness must be >= 0, got -1"),
     (["learner.correction=magic"], "learner.correction must be one of"),
     (["learner.minibatches=3"], "learner.minibatches must be"),
-    (["learner.backend=megatron"], "learner.backend must be single or fsdp2 (megatron is reserved and not implemented"),
+    (["learner.megatron_tp=0"], "learner.megatron_tp must be >= 1, got 0"),
     (["learner.backend=deepspeed"], "learner.backend must be one of single, fsdp2, megatron"),
     (["learner.lr"], "must look like section.field=value"),
     (["transport.kind=inproc", "actors.num_local=0"], "actors.num_local must be >= 1 with transport.kind=inproc"),
