@@ -16,8 +16,9 @@ An agent that raises fails its sample; the learner drops the group as `agent_err
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -70,13 +71,26 @@ class Rollout:
     reward: float
     finish: str = ""
     """Why it ended: a `Finish` value ("" = the agent does not say). Reported to the learner."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Named scores of the reward (tasks/rewards.py), logged by the learner; {} for plain rewards."""
 
 
 class Agent(Protocol):
     async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout: ...
 
 
-RewardFn = Callable[[dict[str, str], np.ndarray], float]
+RewardFn = Callable[[dict[str, str], np.ndarray], Any]
+"""A task's reward: a float, or an awaitable of a float or of a `tasks.rewards.RewardResult`."""
+
+
+async def score(reward_fn: RewardFn, meta: dict[str, str], ids: np.ndarray) -> tuple[float, dict]:
+    """(reward, named scores) of one completion, awaiting the reward if it is asynchronous."""
+    out = reward_fn(meta, ids)
+    if inspect.isawaitable(out):
+        out = await out
+    if isinstance(out, (int, float, np.floating)):
+        return float(out), {}
+    return float(out.reward), dict(out.scores)
 
 
 class SingleTurnAgent:
@@ -88,9 +102,10 @@ class SingleTurnAgent:
     async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
         c = await llm.generate(task.prompt_ids, task.max_new_tokens, task.temperature, task.seed())
         finish = Finish.ANSWER if c.finish_reason == "stop" else Finish.MAX_TOKENS
+        reward, scores = await score(self.reward_fn, task.meta, c.token_ids)
         return Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                        loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
-                       reward=float(self.reward_fn(task.meta, c.token_ids)), finish=finish.value)
+                       reward=reward, finish=finish.value, scores=scores)
 
 
 def make_agent(cfg: "TetherConfig", task, tokenizer) -> Agent:

@@ -37,7 +37,7 @@ from typing import Callable, Literal
 import msgspec
 import numpy as np
 
-from actors.agent import Finish, RewardFn, Rollout, RolloutTask
+from actors.agent import Finish, RewardFn, Rollout, RolloutTask, score
 from actors.chat import ChatFormat
 from actors.client import EngineClient
 from actors.engine import Completion
@@ -295,4 +295,7 @@ class OpenAIAgent:
         if session.error is not None:
             raise session.error
         ids = session.traj.context()[len(task.prompt_ids):]
-        return session.traj.rollout(self.reward_fn(task.meta, ids), session.finish_reason())
+        reward, scores = await score(self.reward_fn, task.meta, ids)
+        rollout = session.traj.rollout(reward, session.finish_reason())
+        rollout.scores = scores
+        return rollout

@@ -11,7 +11,7 @@ result plus one model token) would not fit into `max_total_tokens`.
 
 from __future__ import annotations
 
-from actors.agent import RewardFn, Rollout, RolloutTask
+from actors.agent import RewardFn, Rollout, RolloutTask, score
 from actors.chat import ChatFormat
 from actors.client import EngineClient
 from actors.tools import ToolRegistry, parse_call
@@ -30,8 +30,11 @@ class ToolAgent:
     async def run(self, task: RolloutTask, llm: EngineClient) -> Rollout:
         traj = TrajectoryBuilder(task.prompt_ids, self.max_total_tokens)
         finish = await self.episode(task, llm, traj)
-        return traj.rollout(self.reward_fn(task.meta, traj.context()[len(task.prompt_ids):]),
-                            finish)
+        reward, scores = await score(self.reward_fn, task.meta,
+                                     traj.context()[len(task.prompt_ids):])
+        rollout = traj.rollout(reward, finish)
+        rollout.scores = scores
+        return rollout
 
     async def episode(self, task: RolloutTask, llm: EngineClient, traj: TrajectoryBuilder) -> Finish:
         history = self.chat.prompt_messages(task.prompt_ids)

@@ -29,17 +29,44 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "reverse"
-    """Task module in `tasks/` that makes prompts and scores completions."""
+    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions) or an
+    import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: int = 4
     """Length of the digit string the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out)."""
+    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
+    data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
     eval_prompts: int = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
     max_new_tokens: int = 5
     """Most tokens an actor may generate per sample."""
     temperature: float = 1.0
     """Sampling temperature; behavior logprobs are those of this tempered distribution."""
+    prompt_key: str = "prompt"
+    """data: column holding the prompt, a string or a list of chat messages {role, content}."""
+    label_key: str = "label"
+    """data: column holding the label the reward gets ("" = none)."""
+    metadata_keys: str = ""
+    """data: comma-separated columns passed to the reward as its metadata dict."""
+    system_prompt: str = ""
+    """data: system message put before the prompt ("" = none: the chat template's default)."""
+    template_kwargs: dict = field(default_factory=dict)
+    """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    eval_path: str = ""
+    """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
+    eval_fraction: float = 0.1
+    """data: fraction of data_path's rows held out for evaluation when eval_path is empty."""
+    shuffle: bool = True
+    """data: visit the training rows in a seeded random order, a new one every epoch."""
+    reward: str = ""
+    """Reward import path `package.module:function` or `path/to/file.py:function` ("" = the
+    task's own reward); run in a process pool, see docs/models_data_rewards.md."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments passed to every call of the `reward` function."""
+    reward_timeout_s: float = 10.0
+    """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
+    reward_workers: int = 2
+    """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
 
 
 @dataclass
@@ -213,7 +240,6 @@ class TetherConfig:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "task.name": ("reverse", "calculator", "gsm8k"),
     "learner.correction": ("none", "tis", "decoupled", "mask"),
     "learner.is_level": ("token", "sequence"),
     "learner.loss_agg": ("token_mean", "seq_mean_token_mean", "constant"),
@@ -227,6 +253,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "actors.agent": ("single_turn", "tools", "openai"),
 }
 """Allowed values of the string fields that name a choice."""
+
+BUILTIN_TASKS: dict[str, str] = {
+    "reverse": "tasks.reverse:make_task",
+    "calculator": "tasks.calculator:make_task",
+    "gsm8k": "tasks.gsm8k:make_task",
+    "data": "tasks.data:make_task",
+    "additions": "tasks.additions:make_task",
+}
+"""Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
 TOOLS = ("calc", "python")
 """Tools the `tools` agent can offer (actors/tools.py)."""
@@ -290,6 +325,16 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(cfg.task.num_digits >= 1, "task.num_digits", ">= 1", cfg.task.num_digits)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
          "set (a JSONL file) when task.name is gsm8k", cfg.task.data_path)
+    need(cfg.task.name in BUILTIN_TASKS or ":" in cfg.task.name, "task.name",
+         f"one of {', '.join(BUILTIN_TASKS)} or an import path module:make_task", cfg.task.name)
+    need(cfg.task.name != "data" or bool(cfg.task.data_path), "task.data_path",
+         "set (a JSONL/Parquet file or a save_to_disk directory) when task.name is data",
+         cfg.task.data_path)
+    need(not cfg.task.reward or ":" in cfg.task.reward, "task.reward",
+         "an import path module:function or path/to/file.py:function", cfg.task.reward)
+    need(0 <= cfg.task.eval_fraction < 1, "task.eval_fraction", "in [0, 1)", cfg.task.eval_fraction)
+    need(cfg.task.reward_timeout_s > 0, "task.reward_timeout_s", "> 0", cfg.task.reward_timeout_s)
+    need(cfg.task.reward_workers >= 1, "task.reward_workers", ">= 1", cfg.task.reward_workers)
     need(cfg.task.eval_prompts >= 1, "task.eval_prompts", ">= 1", cfg.task.eval_prompts)
     need(cfg.task.max_new_tokens >= 1, "task.max_new_tokens", ">= 1", cfg.task.max_new_tokens)
     need(cfg.task.temperature > 0, "task.temperature", "> 0", cfg.task.temperature)

@@ -287,7 +287,7 @@ def _summary(cfg, eval_start, eval_end, version, wall, server, buffer, metrics, 
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
                    "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
-        "rollout_ends": snap["rollout_ends"],
+        "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "accounting_ok": accounted == lc["granted"],
         "metrics_summary": metrics.summary(),
     }

@@ -19,6 +19,7 @@ What blocks where:
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -74,6 +75,8 @@ class LearnerServer(threading.Thread):
         self.rollout_ends: Counter[str] = Counter()
         """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
         transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
+        self.reward_scores: Counter[str] = Counter()
+        """Sums of the named reward scores over the same rollouts, and `samples` scored."""
         self.weights_served = 0
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -150,6 +153,7 @@ class LearnerServer(threading.Thread):
                 "disconnects": dict(self.disconnects),
                 "weights_served": self.weights_served,
                 "rollout_ends": dict(self.rollout_ends),
+                "reward_scores": dict(self.reward_scores),
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -411,6 +415,10 @@ class LearnerServer(threading.Thread):
         self.rollout_ends.update(
             "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
             for s in msg.samples)
+        for s in msg.samples:  # named reward scores (tasks/rewards.py); finite ones only
+            if s.scores:
+                self.reward_scores["samples"] += 1
+                self.reward_scores.update({k: v for k, v in s.scores.items() if math.isfinite(v)})
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:
