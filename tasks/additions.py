@@ -36,6 +36,9 @@ def rows(num_digits: int, eval_fraction: float) -> tuple[list[dict], list[dict]]
 
 
 def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> DataTask:
+    if cfg.num_digits > 2:  # every pair is enumerated: 100 ** num_digits rows
+        raise ValueError(f"task.num_digits must be 1 or 2 for the additions task, got "
+                         f"{cfg.num_digits}")
     cfg = dataclasses.replace(cfg, prompt_key="prompt", label_key="label", metadata_keys="a,b",
                               reward=cfg.reward or DEFAULT_REWARD)
     task = DataTask(cfg, tokenizer, seed, rows=rows(cfg.num_digits, cfg.eval_fraction))

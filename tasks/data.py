@@ -60,9 +60,11 @@ def load_rows(path: str | Path) -> list[dict]:
                         f"or a save_to_disk directory)")
     if kind == "json" and path.suffix == ".jsonl":
         _check_jsonl(path)  # datasets' own error does not say which line is broken
+    import pyarrow
+
     try:
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-    except datasets.exceptions.DatasetGenerationError as e:
+    except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as e:
         raise DataError(f"{path}: cannot read it as {path.suffix}: {e.__cause__ or e}") from e
     return ds.to_list()
 
@@ -92,6 +94,9 @@ def check_rows(rows: list[dict], path: str, cfg: TaskConfig) -> None:
             if key not in row:
                 raise DataError(f"{path}: row {i}: no column {key!r} "
                                 f"({fields.get(key, 'task.metadata_keys')}); columns: {sorted(row)}")
+            if row[key] is None and key in fields:  # JSON lines without the key read as null
+                raise DataError(f"{path}: row {i}: column {key!r} ({fields[key]}) is missing "
+                                f"or null")
         problem = _prompt_problem(row[cfg.prompt_key])
         if problem:
             raise DataError(f"{path}: row {i}: column {cfg.prompt_key!r} (task.prompt_key) {problem}")

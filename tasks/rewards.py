@@ -56,9 +56,10 @@ def load_function(spec: str, field_name: str) -> Callable:
             sys.modules[mod_name] = module
             loader_spec.loader.exec_module(module)
     else:
-        if importlib.util.find_spec(target) is None:
-            raise ValueError(f"{field_name} {spec!r}: no module named {target!r}")
-        module = importlib.import_module(target)
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"{field_name} {spec!r}: no module named {e.name!r}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise ValueError(f"{field_name} {spec!r}: {target} has no function {name!r}")

