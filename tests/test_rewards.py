@@ -150,3 +150,50 @@ def test_builtin_rewards():
     wrong = br.correct_and_short("3 + 5 = 9", [0] * 6, 8, {}, max_tokens=24)
     assert short == {"score": 0.875, "correct": 1.0, "tokens": 6.0}
     assert long["score"] == 0.5 and wrong["score"] == 0.0
+
+
+RUN_REWARD = '''
+import time
+
+def reward(completion, completion_ids, label, metadata):
+    """Each prompt's fate is fixed by its label: hang, raise, or score the reversal."""
+    if int(label) % 7 == 0:
+        time.sleep(3600)
+    if int(label) % 7 == 1:
+        raise RuntimeError("broken reward")
+    got = completion.split()
+    right = sum(a == b for a, b in zip(got, label))
+    return {"score": right / 4, "ok": 1.0}
+'''
+
+
+@pytest.mark.slow
+def test_learner_run_goes_on_with_hanging_and_raising_rewards(tmp_path, tiny_model_dir):
+    """A data task on the tiny model whose reward hangs on some prompts and raises on others:
+    the run trains every step, no group is lost, and every rollout is accounted for exactly
+    once as ok, timed out or failed (in the actors and in the learner's evaluation)."""
+    import json
+
+    import numpy as np
+
+    import procs
+
+    rng = np.random.default_rng(0)
+    numbers = [str(n).zfill(4) for n in rng.choice(10_000, 200, replace=False)]
+    data = tmp_path / "rev.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "rev " + " ".join(n) + " =",
+                                        "label": n[::-1]}) + "\n" for n in numbers))
+    (tmp_path / "run_reward.py").write_text(RUN_REWARD)
+    run = tmp_path / "run"
+    steps = 12
+    lp = procs.learner(run, tiny_model_dir, "task.name=data", f"task.data_path={data}",
+                       f"task.reward={tmp_path / 'run_reward.py'}:reward",
+                       "task.reward_timeout_s=1.0", "task.eval_prompts=16",
+                       f"learner.max_steps={steps}", "learner.prompts_per_step=4",
+                       "learner.group_size=4", "learner.checkpoint_every=0")
+    s = procs.finish_clean(lp, run, steps, timeout=600)
+    sc = s["reward_scores"]
+    assert sc["samples"] == sum(s["rollout_ends"].values())
+    assert sc["ok"] + sc["reward_timeout"] + sc["reward_error"] == sc["samples"]
+    assert sc["reward_timeout"] >= 4 and sc["reward_error"] >= 4, sc  # whole groups of 4
+    assert s["groups"]["consumed"] == steps * 4
