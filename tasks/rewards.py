@@ -16,6 +16,10 @@ runs past `task.reward_timeout_s` has its worker killed and replaced; a call tha
 returns something that is not a finite number / a dict with a finite `score`, is an error. Both
 score 0 and the rollout is kept; every result carries the flags `reward_timeout` and
 `reward_error` (0 or 1), so the learner's sums account for every call.
+
+Calls reach the workers over a local multiprocessing pipe (pickled arguments: the completion,
+its ids, the row's label and metadata), between this process and its own children only; nothing
+from a socket is unpickled.
 """
 
 from __future__ import annotations
