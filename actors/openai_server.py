@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.chat import ChatFormat
 from actors.engine import Completion, LLMClient
-from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
+from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
 from actors.trajectory import TrajectoryBuilder
 
 log = logging.getLogger(__name__)
@@ -294,4 +294,7 @@ class OpenAIAgent:
         if session.error is not None:
             raise session.error
         ids = session.traj.context()[len(task.prompt_ids):]
-        return session.traj.rollout(self.reward_fn(task.meta, ids), session.finish_reason())
+        reward, scores = await score(self.reward_fn, task.meta, ids)
+        rollout = session.traj.rollout(reward, session.finish_reason())
+        rollout.scores = scores
+        return rollout

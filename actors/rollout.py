@@ -16,8 +16,9 @@ An agent that raises fails its sample; the learner drops the group as `agent_err
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Callable, Protocol
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -66,10 +67,23 @@ class Rollout:
     reward: float
     finish: str = ""
     """Why it ended: a `Finish` value ("" = the agent does not say). Reported to the learner."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Named scores of the reward (tasks/rewards.py), logged by the learner; {} for plain rewards."""
 
 
 class Agent(Protocol):
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout: ...
 
 
-RewardFn = Callable[[dict[str, str], np.ndarray], float]
+RewardFn = Callable[[dict[str, str], np.ndarray], Any]
+"""A task's reward: a float, or an awaitable of a float or of a `tasks.rewards.RewardResult`."""
+
+
+async def score(reward_fn: RewardFn, meta: dict[str, str], ids: np.ndarray) -> tuple[float, dict]:
+    """(reward, named scores) of one completion, awaiting the reward if it is asynchronous."""
+    out = reward_fn(meta, ids)
+    if inspect.isawaitable(out):
+        out = await out
+    if isinstance(out, (int, float, np.floating)):
+        return float(out), {}
+    return float(out.reward), dict(out.scores)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from actors.engine import LLMClient
-from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
+from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
 
 
 class SingleTurnAgent:
@@ -17,6 +17,7 @@ class SingleTurnAgent:
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         c = await llm.generate(task.prompt_ids, task.max_new_tokens, task.temperature, task.seed())
         finish = Finish.ANSWER if c.finish_reason == "stop" else Finish.MAX_TOKENS
+        reward, scores = await score(self.reward_fn, task.meta, c.token_ids)
         return Rollout(completion_ids=c.token_ids, logprobs=c.logprobs, versions=c.versions,
                        loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
-                       reward=float(self.reward_fn(task.meta, c.token_ids)), finish=finish.value)
+                       reward=reward, finish=finish.value, scores=scores)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from actors.chat import ChatFormat
 from actors.engine import LLMClient
-from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
+from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
 from actors.tools import ToolRegistry, parse_call
 from actors.trajectory import TrajectoryBuilder
 
@@ -30,8 +30,11 @@ class ToolAgent:
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         traj = TrajectoryBuilder(task.prompt_ids, self.max_total_tokens)
         finish = await self.episode(task, llm, traj)
-        return traj.rollout(self.reward_fn(task.meta, traj.context()[len(task.prompt_ids):]),
-                            finish)
+        reward, scores = await score(self.reward_fn, task.meta,
+                                     traj.context()[len(task.prompt_ids):])
+        rollout = traj.rollout(reward, finish)
+        rollout.scores = scores
+        return rollout
 
     async def episode(self, task: RolloutTask, llm: LLMClient, traj: TrajectoryBuilder) -> Finish:
         history = self.chat.prompt_messages(task.prompt_ids)

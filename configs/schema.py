@@ -58,18 +58,45 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["reverse", "calculator", "gsm8k"] = "reverse"
-    """Task module in `tasks/` that makes prompts and scores completions."""
+    name: str = "reverse"
+    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions) or an
+    import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
     """Length of the digit string the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out)."""
+    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
+    data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
     eval_prompts: Count = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
     max_new_tokens: Count = 5
     """Most tokens an actor may generate per sample."""
     temperature: Positive = 1.0
     """Sampling temperature; behavior logprobs are those of this tempered distribution."""
+    prompt_key: str = "prompt"
+    """data: column holding the prompt, a string or a list of chat messages {role, content}."""
+    label_key: str = "label"
+    """data: column holding the label the reward gets ("" = none)."""
+    metadata_keys: str = ""
+    """data: comma-separated columns passed to the reward as its metadata dict."""
+    system_prompt: str = ""
+    """data: system message put before the prompt ("" = none: the chat template's default)."""
+    template_kwargs: dict = msgspec.field(default_factory=dict)
+    """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    eval_path: str = ""
+    """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
+    eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
+    """data: fraction of data_path's rows held out for evaluation when eval_path is empty."""
+    shuffle: bool = True
+    """data: visit the training rows in a seeded random order, a new one every epoch."""
+    reward: str = ""
+    """Reward import path `package.module:function` or `path/to/file.py:function` ("" = the
+    task's own reward); run in a process pool, see docs/models_data_rewards.md."""
+    reward_kwargs: dict = msgspec.field(default_factory=dict)
+    """Keyword arguments passed to every call of the `reward` function."""
+    reward_timeout_s: Positive = 10.0
+    """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
+    reward_workers: Count = 2
+    """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
 
 
 class LearnerConfig(Section):
@@ -251,6 +278,16 @@ class TetherConfig(Section):
     """ZeroMQ sockets, heartbeats and limits."""
 
 
+BUILTIN_TASKS: dict[str, str] = {
+    "reverse": "tasks.reverse:make_task",
+    "calculator": "tasks.calculator:make_task",
+    "gsm8k": "tasks.gsm8k:make_task",
+    "data": "tasks.data:make_task",
+    "additions": "tasks.additions:make_task",
+}
+"""Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
+
+
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
@@ -284,6 +321,13 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
          "set (a JSONL file) when task.name is gsm8k", cfg.task.data_path)
+    need(cfg.task.name in BUILTIN_TASKS or ":" in cfg.task.name, "task.name",
+         f"one of {', '.join(BUILTIN_TASKS)} or an import path module:make_task", cfg.task.name)
+    need(cfg.task.name != "data" or bool(cfg.task.data_path), "task.data_path",
+         "set (a JSONL/Parquet file or a save_to_disk directory) when task.name is data",
+         cfg.task.data_path)
+    need(not cfg.task.reward or ":" in cfg.task.reward, "task.reward",
+         "an import path module:function or path/to/file.py:function", cfg.task.reward)
     need(T.peer_timeout_s > 2 * T.heartbeat_s, "transport.peer_timeout_s",
          f"> 2 * transport.heartbeat_s={T.heartbeat_s}", T.peer_timeout_s)
     need(bool(T.curve_server_secret) == bool(T.curve_allowed_dir), "transport.curve_allowed_dir",

@@ -321,7 +321,7 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
                    "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
-        "rollout_ends": snap["rollout_ends"],
+        "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "accounting_ok": accounted == lc["granted"],
         "metrics_summary": st.metrics.summary(),
     }

@@ -38,6 +38,8 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.ends_seen: dict[str, int] = {}
         """The server's cumulative rollout end counts at the previous row."""
+        self.scores_seen: dict[str, float] = {}
+        """The server's cumulative named reward score sums at the previous row."""
 
     def record(self, version: int, m: dict, step_t0: float, server: dict, buffer: dict) -> None:
         now = time.monotonic()
@@ -48,7 +50,7 @@ class MetricsLog:
                "dropped_stale_frac": buffer["dropped"].get("stale", 0) / max(buffer["received"], 1),
                "actors_connected": server["actors_connected"],
                "leases_outstanding": server["leases"]["outstanding"],
-               **self._ends(server["rollout_ends"])}
+               **self._ends(server["rollout_ends"]), **self._scores(server["reward_scores"])}
         self.last_t = now
         self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
         self.file.write(json.dumps(row) + "\n")
@@ -74,6 +76,14 @@ class MetricsLog:
         self.ends_seen = dict(ends)
         n = sum(new.values())
         return {"rollouts": n, **{f"end_{r}_frac": new.get(r, 0) / max(n, 1) for r in FINISH_REASONS}}
+
+    def _scores(self, sums: dict[str, float]) -> dict[str, float]:
+        """Mean of each named reward score over the rollouts scored since the previous step
+        (`score_<name>`; none for tasks whose reward has no named scores)."""
+        new = {k: v - self.scores_seen.get(k, 0) for k, v in sums.items()}
+        self.scores_seen = dict(sums)
+        n = new.pop("samples", 0)
+        return {f"score_{k}": v / n for k, v in new.items()} if n else {}
 
     def close(self) -> None:
         """Close metrics.jsonl and TensorBoard; the tracker stays open for `finish`."""

@@ -19,6 +19,7 @@ What blocks where:
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -77,6 +78,8 @@ class LearnerServer(threading.Thread):
         self.rollout_ends: Counter[str] = Counter()
         """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
         transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
+        self.reward_scores: Counter[str] = Counter()
+        """Sums of the named reward scores over the same rollouts, and `samples` scored."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -153,6 +156,7 @@ class LearnerServer(threading.Thread):
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
                 "rollout_ends": dict(self.rollout_ends),
+                "reward_scores": dict(self.reward_scores),
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -418,6 +422,10 @@ class LearnerServer(threading.Thread):
         self.rollout_ends.update(
             "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
             for s in msg.samples)
+        for s in msg.samples:  # named reward scores (tasks/rewards.py); finite ones only
+            if s.scores:
+                self.reward_scores["samples"] += 1
+                self.reward_scores.update({k: v for k, v in s.scores.items() if math.isfinite(v)})
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

@@ -2,29 +2,24 @@
 
 The learner owns the dataset; each lease carries the prompt token ids and the task's `meta`
 (e.g. the target), so an actor can score a completion with `reward(meta, ...)` alone.
+
+`task.name` is an import path `package.module:make_task` (or `path/to/file.py:make_task`) of a
+function `make_task(cfg: TaskConfig, tokenizer, seed: int) -> Task`; the built-in tasks are
+short names for such paths (BUILTIN_TASKS).
 """
 
 from __future__ import annotations
 
-from configs.schema import TaskConfig
+from configs.schema import BUILTIN_TASKS, TaskConfig
 from tasks.base import Prompt, Task
 
 
 def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> Task:
-    """The task named by `cfg.name`, built from the fields of the task config it uses."""
-    if cfg.name == "reverse":
-        from tasks.reverse import ReverseTask
+    """The task `cfg.name` names (a built-in short name or an import path)."""
+    from tasks.rewards import load_function
 
-        return ReverseTask(tokenizer, num_digits=cfg.num_digits, seed=seed)
-    if cfg.name == "calculator":
-        from tasks.calculator import CalculatorTask
-
-        return CalculatorTask(tokenizer, num_digits=cfg.num_digits, seed=seed)
-    if cfg.name == "gsm8k":
-        from tasks.gsm8k import GSM8KTask
-
-        return GSM8KTask(tokenizer, data_path=cfg.data_path, seed=seed)
-    raise ValueError(f"unknown task {cfg.name!r}")
+    factory = load_function(BUILTIN_TASKS.get(cfg.name, cfg.name), "task.name")
+    return factory(cfg, tokenizer, seed)
 
 
 __all__ = ["Prompt", "Task", "make_task"]

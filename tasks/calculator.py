@@ -83,3 +83,8 @@ class CalculatorTask:
         ids = np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts])
         mask = np.concatenate([np.full(len(p), k, dtype=np.uint8) for p, k in parts])
         return ids, mask
+
+
+def make_task(cfg, tokenizer, seed: int = 0) -> CalculatorTask:
+    """`task.name: calculator` (= `tasks.calculator:make_task`)."""
+    return CalculatorTask(tokenizer, num_digits=cfg.num_digits, seed=seed)

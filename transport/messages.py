@@ -192,6 +192,8 @@ class Sample(msgspec.Struct, gc=False):
     reward: float
     error: str = ""
     finish: str = ""
+    scores: dict[str, float] = msgspec.field(default_factory=dict)
+    """Named scores of the reward (e.g. correct, tokens, reward_timeout), logged by the learner."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
