@@ -109,9 +109,9 @@ class ActorsConfig:
     num_local: int = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
     engine: str = "hf"
-    """Rollout engine: hf (transformers, CPU fallback) | vllm | simulated (no model; load tests, benchmarks)."""
+    """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
     update_mode: str = "keep"
-    """vllm: how new weights reach running requests: wait (finish them first) | keep (pause,
+    """vllm, sglang: how new weights reach running requests: wait (finish them first) | keep (pause,
     swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
     resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
     vllm_kv_cache_gb: float = 1.0
@@ -120,6 +120,10 @@ class ActorsConfig:
     """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
     vllm_max_num_seqs: int = 256
     """vllm: most sequences the scheduler runs at once."""
+    sglang_max_total_tokens: int = 0
+    """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
+    sglang_mem_fraction_static: float = 0.0
+    """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
     groups_per_request: int = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: str = "single_turn"
@@ -220,7 +224,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.advantage": ("grpo", "drgrpo", "rloo"),
     "learner.backend": ("single", "fsdp2", "megatron"),
     "learner.tracker": ("none", "wandb", "mlflow"),
-    "actors.engine": ("hf", "vllm", "simulated"),
+    "actors.engine": ("hf", "vllm", "sglang", "simulated"),
     "actors.update_mode": ("wait", "keep", "abort"),
     "transport.weights_via": ("zmq", "filesystem"),
     "buffer.sampling": ("fifo", "newest", "uniform"),
@@ -273,6 +277,10 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.sim_latency_sigma >= 0, "actors.sim_latency_sigma", ">= 0", A.sim_latency_sigma)
     need(A.vllm_kv_cache_gb > 0, "actors.vllm_kv_cache_gb", "> 0", A.vllm_kv_cache_gb)
     need(A.vllm_max_num_seqs >= 1, "actors.vllm_max_num_seqs", ">= 1", A.vllm_max_num_seqs)
+    need(A.sglang_max_total_tokens >= 0, "actors.sglang_max_total_tokens", ">= 0 (0 = SGLang's default)",
+         A.sglang_max_total_tokens)
+    need(0 <= A.sglang_mem_fraction_static < 1, "actors.sglang_mem_fraction_static",
+         "in [0, 1) (0 = SGLang's default)", A.sglang_mem_fraction_static)
     need(A.max_turns >= 1, "actors.max_turns", ">= 1", A.max_turns)
     need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)

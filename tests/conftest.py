@@ -15,6 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    sglang_lane = os.environ.get("TETHER_LANE") == "sglang"  # test.sh's second lane
+    for item in items:
+        if ("sglang" in item.keywords) != sglang_lane:
+            item.add_marker(pytest.mark.skip(reason="SGLang tests run in test.sh's SGLang lane"
+                                             if not sglang_lane else "not an SGLang test"))
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
