@@ -22,7 +22,8 @@ if [ "$have" != "$want" ]; then
   echo "[env-sglang] installing torch 2.14.1 (CUDA build, ~5 GB with its NVIDIA libraries), $SGLANG" \
        "and its CPU runtime dependencies into $VENV (a few minutes) ..." >&2
   # pip's machine-wide config may name absent local indexes; drop that noise, keep pip's status.
-  quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2; }
+  # (and its list of sglang requirements left unmet on purpose: those are the CUDA-only ones).
+  quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location\|^sglang .* requires\|dependency resolver" || true; } >&2; }
   quiet "$VENV/bin/python" -m pip install -q -r scripts/sglang_cpu_requirements.txt
   quiet "$VENV/bin/python" -m pip install -q --no-deps "$SGLANG"
   quiet "$VENV/bin/python" -m pip install -q --no-deps -e .

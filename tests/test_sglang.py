@@ -9,6 +9,9 @@ the learner's own code path (models.logprobs) on an HF model holding the same we
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,3 +193,35 @@ def test_sigkilled_sglang_actor_leaves_no_engine_processes(tmp_path, tiny_model_
         ap.kill()
         lp.p.send_signal(signal.SIGTERM)
         assert lp.finish(timeout=120) == 0, lp.tail()
+
+
+@pytest.mark.slow
+def test_mixed_fleet_vllm_and_sglang_actors_learn(tmp_path, tiny_model_dir):
+    """One learner in the main venv (torch 2.13.0), one vLLM actor it spawns there, and one
+    SGLang actor from this venv (torch 2.14.1): both feed the same run, which learns."""
+    import procs
+
+    main_python = procs.ROOT / ".venv" / "bin" / "python"
+    main_python = os.environ.get("TETHER_MAIN_PYTHON", str(main_python))
+    assert Path(main_python).exists(), f"the main venv's python {main_python} (./test.sh makes it)"
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0",
+                       "actors.num_local=1", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml", python=main_python)
+    lp.wait_for("learner listening", timeout=300)
+    ap = procs.actor(run, "sglang-0", "actors.engine=sglang")
+    try:
+        lp.wait_for(r"actor sglang-0 joined \(engine 'sglang'\)", timeout=120)
+        s = procs.finish_clean(lp, run, 300, timeout=1200)
+        assert ap.finish(timeout=120) == 0, ap.tail()
+    finally:
+        ap.kill()
+    print(f"mixed fleet: held-out reward {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}")
+    assert s["eval_reward_end"] >= 0.8, s
+    vllm_log = (run / "logs" / "actor-0.log").read_text()
+    sglang_log = "".join(ap.lines)
+    assert "vllm" in vllm_log.lower() and vllm_log.count("loaded weights v") >= 20, vllm_log[-2000:]
+    assert "SGLangEngine" in sglang_log and sglang_log.count("loaded weights v") >= 20, sglang_log[-2000:]
+    done = {m: int(re.search(r"done: (\d+) groups generated", text).group(1))
+            for m, text in (("vllm", vllm_log), ("sglang", sglang_log))}
+    assert min(done.values()) >= 20, done  # both engines really contributed
