@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config, items):
 
     sglang_lane = os.environ.get("TETHER_LANE") == "sglang"  # test.sh's second lane
     for item in items:
-        if ("sglang" in item.keywords) != sglang_lane:
+        if (item.get_closest_marker("sglang") is not None) != sglang_lane:
             item.add_marker(pytest.mark.skip(reason="SGLang tests run in test.sh's SGLang lane"
                                              if not sglang_lane else "not an SGLang test"))
 
