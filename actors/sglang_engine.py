@@ -90,7 +90,11 @@ class SGLangEngine:
             kw["mem_fraction_static"] = mem_fraction_static
         if not torch.cuda.is_available():
             kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)
+        root.handlers[:] = handlers  # SGLang's logging.basicConfig(force=True) replaced the actor's
+        root.setLevel(level)
         self._on_sigterm = on_sigterm
         log.info("SGLangEngine started (update_mode %s, %s; child processes %s)", update_mode,
                  kw.get("device", "cuda"), self.engine.get_all_child_pids())

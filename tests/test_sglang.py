@@ -150,6 +150,7 @@ def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_toy_task_learns_with_two_sglang_actor_processes(tmp_path, tiny_model_dir):
     """Two SGLang actor processes (spawned by the learner, update_mode keep) learn the toy task."""
     import procs
@@ -169,6 +170,7 @@ def test_toy_task_learns_with_two_sglang_actor_processes(tmp_path, tiny_model_di
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sigkilled_sglang_actor_leaves_no_engine_processes(tmp_path, tiny_model_dir):
     """SGLang's scheduler and detokenizer are children of the actor; a SIGKILLed actor cannot
     shut them down, and they must not outlive it."""
@@ -196,6 +198,7 @@ def test_sigkilled_sglang_actor_leaves_no_engine_processes(tmp_path, tiny_model_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_mixed_fleet_vllm_and_sglang_actors_learn(tmp_path, tiny_model_dir):
     """One learner in the main venv (torch 2.13.0), one vLLM actor it spawns there, and one
     SGLang actor from this venv (torch 2.14.1): both feed the same run, which learns."""
