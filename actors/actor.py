@@ -257,6 +257,15 @@ class Actor:
                              max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype)
             self._closers.append(llm.shutdown)
             return llm, agent
+        if A.engine == "sglang":
+            from actors.sglang_engine import SGLangEngine
+
+            llm = SGLangEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
+                               max_total_tokens=A.sglang_max_total_tokens,
+                               mem_fraction_static=A.sglang_mem_fraction_static,
+                               on_sigterm=self.stopped.set)
+            self._closers.append(llm.shutdown)
+            return llm, agent
         dtype = devices.torch_dtype(self.cfg.model.dtype)
         return EngineClient(HFEngine(model_dir, device, dtype)), agent
 

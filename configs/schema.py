@@ -171,10 +171,10 @@ class LearnerConfig(Section):
 class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
-    engine: Literal["hf", "vllm", "simulated"] = "hf"
-    """Rollout engine: hf (transformers, CPU fallback) | vllm | simulated (no model; load tests, benchmarks)."""
+    engine: Literal["hf", "vllm", "sglang", "simulated"] = "hf"
+    """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
     update_mode: Literal["wait", "keep", "abort"] = "keep"
-    """vllm: how new weights reach running requests: wait (finish them first) | keep (pause,
+    """vllm, sglang: how new weights reach running requests: wait (finish them first) | keep (pause,
     swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
     resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
     vllm_kv_cache_gb: Positive = 1.0
@@ -183,6 +183,10 @@ class ActorsConfig(Section):
     """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
     vllm_max_num_seqs: Count = 256
     """vllm: most sequences the scheduler runs at once."""
+    sglang_max_total_tokens: NonNegative = 0
+    """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
+    sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
     groups_per_request: Count = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
     agent: Literal["single_turn", "tools", "openai"] = "single_turn"

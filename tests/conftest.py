@@ -16,6 +16,12 @@ def pytest_collection_modifyitems(config, items):
 
     import torch
 
+    sglang_lane = os.environ.get("TETHER_LANE") == "sglang"  # test.sh's second lane
+    for item in items:
+        if (item.get_closest_marker("sglang") is not None) != sglang_lane:
+            item.add_marker(pytest.mark.skip(reason="SGLang tests run in test.sh's SGLang lane"
+                                             if not sglang_lane else "not an SGLang test"))
+
     skips = {}
     if not torch.cuda.is_available():
         skips["gpu"] = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -19,9 +19,10 @@ PRESET = ROOT / "configs" / "toy_reverse.yaml"
 class Proc:
     """A `python -m MODULE ...` child whose output lines are collected by a reader thread."""
 
-    def __init__(self, args: list[str], log_path: Path, prefix: tuple[str, ...] = ()) -> None:
+    def __init__(self, args: list[str], log_path: Path, prefix: tuple[str, ...] = (),
+                 python: str = sys.executable) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")  # prefix: e.g. ("ip", "netns", "exec", NS)
-        self.p = subprocess.Popen([*prefix, sys.executable, *args], cwd=ROOT, env=env, text=True,
+        self.p = subprocess.Popen([*prefix, python, *args], cwd=ROOT, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.lines: list[str] = []
         self.eof = False
@@ -70,10 +71,11 @@ class Proc:
             self.p.wait()
 
 
-def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRESET) -> Proc:
+def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRESET,
+            python: str = sys.executable) -> Proc:
     args = ["-m", "learner", "-c", str(preset), f"run_dir={run_dir}", f"model.path={model_dir}",
             *overrides]
-    return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log")
+    return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log", python)
 
 
 def actor(run_dir: Path, actor_id: str, *overrides: str) -> Proc:

@@ -24,7 +24,9 @@ def test_every_shipped_preset_is_valid(preset):
 
 
 @pytest.mark.parametrize("override, expected", [
-    (["actors.engine=sglang"], "actors.engine must be one of"),
+    (["actors.engine=tgi"], "actors.engine must be one of"),
+    (["actors.sglang_mem_fraction_static=1.5"], "actors.sglang_mem_fraction_static must be in"),
+    (["actors.sglang_max_total_tokens=-1"], "actors.sglang_max_total_tokens must be >= 0"),
     (["actors.update_mode=later"], "actors.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
     (["actors.vllm_kv_cache_gb=0"], "actors.vllm_kv_cache_gb must be > 0"),

@@ -1,0 +1,230 @@
+"""The SGLang engine for real, on CPU: logprobs, weight updates, in-flight updates, actor processes.
+
+Runs in the SGLang lane of ./test.sh (its own venv, .venv-sglang, with the CPU `sgl_kernel` shim
+of tests/sglang_cpu_shim on the path); skipped where SGLang is not installed. One engine is
+started per module and reused; its update_mode is switched per test. Reference logprobs come from
+the learner's own code path (models.logprobs) on an HF model holding the same weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/env_sglang.sh)")
+
+import engine_refs as refs  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from actors.sglang_engine import SGLangEngine
+
+    loop = asyncio.new_event_loop()
+    eng = loop.run_until_complete(asyncio.to_thread(
+        SGLangEngine, tiny_model_dir, "keep", 0, 8192, 0.0))
+    eng.loop = loop
+    yield eng
+    eng.shutdown()
+    pending = asyncio.all_tasks(loop)  # SGLang's output loop: cancel it while the loop lives
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+
+
+async def _load_async(engine, state, version):
+    from transport.weights import pack
+
+    packed = pack(state, version, bucket_bytes=64 * 1024)
+    assert packed.manifest.num_buckets > 1  # the bucketed path, not one whole-model tensor
+    await engine.load_packed(packed.manifest, list(packed.buckets))
+
+
+def _generate(engine, prompts, max_new, temperature):
+    async def run():
+        return await asyncio.gather(*(engine.generate(p, max_new, temperature, seed=i)
+                                      for i, p in enumerate(prompts)))
+    return engine.loop.run_until_complete(run())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_learner_then_after_update(engine, tiny_model_dir, temperature):
+    prompts = refs.prompts(tiny_model_dir, 16)
+    for version, noise in ((10, 0.0), (11, 0.05)):
+        state = refs.noisy_state(tiny_model_dir, noise, seed=version)
+        engine.loop.run_until_complete(_load_async(engine, state, version))
+        model = refs.hf_model(tiny_model_dir, state)
+        outs = _generate(engine, prompts, 5, temperature)
+        worst = 0.0
+        for p, c in zip(prompts, outs):
+            assert len(c.token_ids) >= 1 and (c.versions == version).all()
+            ref = refs.reference(model, p, c.token_ids, temperature)
+            worst = max(worst, float(np.abs(ref - c.logprobs).max()))
+        print(f"T={temperature} v{version}: max |engine - learner| = {worst:.2e}")
+        assert worst < 1e-3, f"v{version}: engine vs learner logprobs differ by {worst}"
+
+
+def test_update_changes_logprobs_to_new_version(engine, tiny_model_dir):
+    """The same seeded request before and after an update: different weights, different
+    logprobs, and each matches its own version's weights."""
+    prompts = refs.prompts(tiny_model_dir, 4)
+    a, b = refs.noisy_state(tiny_model_dir, 0.3, seed=5), refs.noisy_state(tiny_model_dir, 0.3, seed=6)
+    outs = {}
+    for v, state in ((30, a), (31, b)):
+        engine.loop.run_until_complete(_load_async(engine, state, v))
+        outs[v] = _generate(engine, prompts, 5, 1.0)
+        model = refs.hf_model(tiny_model_dir, state)
+        for p, c in zip(prompts, outs[v]):
+            assert (c.versions == v).all()
+            assert np.abs(refs.reference(model, p, c.token_ids, 1.0) - c.logprobs).max() < 1e-3
+    model_a = refs.hf_model(tiny_model_dir, a)
+    p, c = prompts[0], outs[31][0]
+    assert np.abs(refs.reference(model_a, p, c.token_ids, 1.0) - c.logprobs).max() > 1e-2
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort", "wait"])
+def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
+    """Long samples from random weights A; once every request has started, weights B land.
+    keep/abort: some samples switch version mid-sequence and each token's logprob matches the
+    weights of its own version; wait: no sample mixes versions."""
+    engine.update_mode = mode
+    k = ("keep", "abort", "wait").index(mode)
+    a, b = refs.noisy_state(tiny_model_dir, 0.5, seed=1), refs.noisy_state(tiny_model_dir, 0.5, seed=2)
+    va, vb = 20 + 2 * k, 21 + 2 * k
+    engine.loop.run_until_complete(_load_async(engine, a, va))
+    prompts = refs.prompts(tiny_model_dir, 24)
+    started = asyncio.Event()
+    target = engine.tokens_out + 2 * len(prompts)
+    engine.on_tokens = lambda n: started.set() if n >= target else None
+
+    async def run():
+        tasks = [asyncio.create_task(engine.generate(p, 48, 1.0, seed=100 + i))
+                 for i, p in enumerate(prompts)]
+        await started.wait()
+        await _load_async(engine, b, vb)
+        return await asyncio.gather(*tasks)
+
+    outs = engine.loop.run_until_complete(run())
+    engine.on_tokens = None
+    models = {va: refs.hf_model(tiny_model_dir, a), vb: refs.hf_model(tiny_model_dir, b)}
+    mixed = 0
+    for p, c in zip(prompts, outs):
+        assert set(np.unique(c.versions)) <= {va, vb}
+        assert (np.diff(c.versions) >= 0).all(), "versions must not go back within a sample"
+        mixed += len(set(c.versions.tolist())) > 1
+        for v, model in models.items():
+            sel = c.versions == v
+            if sel.any():
+                ref = refs.reference(model, p, c.token_ids, 1.0)
+                diff = float(np.abs(ref[sel] - c.logprobs[sel]).max())
+                assert diff < 1e-3, f"{mode}: tokens of v{v} differ from v{v} weights by {diff}"
+    print(f"{mode}: {mixed} of {len(prompts)} samples straddle the update")
+    if mode == "wait":
+        assert mixed == 0
+    else:
+        assert mixed >= 1, f"{mode}: no sample straddled the update"
+
+
+def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
+    """transport.weights_via=filesystem: the version file the learner writes loads with
+    update_weights_from_disk and the logprobs are that version's."""
+    from transport.weights import write_file
+
+    engine.update_mode = "keep"
+    state = refs.noisy_state(tiny_model_dir, 0.2, seed=7)
+    packed = write_file(state, 40, tmp_path / "weights", keep=3)
+    engine.loop.run_until_complete(engine.load_file(packed.manifest.path, 40))
+    prompts = refs.prompts(tiny_model_dir, 8)
+    model = refs.hf_model(tiny_model_dir, state)
+    for p, c in zip(prompts, _generate(engine, prompts, 5, 0.7)):
+        assert (c.versions == 40).all()
+        assert np.abs(refs.reference(model, p, c.token_ids, 0.7) - c.logprobs).max() < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_toy_task_learns_with_two_sglang_actor_processes(tmp_path, tiny_model_dir):
+    """Two SGLang actor processes (spawned by the learner, update_mode keep) learn the toy task."""
+    import procs
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
+    s = procs.finish_clean(lp, run, 300, timeout=1700)  # engine start-up alone took 13 min on a loaded box
+    print(f"held-out reward {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}, "
+          f"{s['wall_seconds']:.0f} s")
+    assert s["eval_reward_end"] >= 0.8, s
+    logs = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert len(logs) == 2, logs
+    for text in logs:  # both actors ran SGLang and kept taking new versions
+        assert "SGLangEngine" in text, text[-2000:]
+        assert text.count("loaded weights v") >= 50, text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigkilled_sglang_actor_leaves_no_engine_processes(tmp_path, tiny_model_dir):
+    """SGLang's scheduler and detokenizer are children of the actor; a SIGKILLed actor cannot
+    shut them down, and they must not outlive it."""
+    import signal
+
+    import procs
+    import psutil
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", "learner.max_steps=100000",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
+    lp.wait_for("learner listening", timeout=120)
+    ap = procs.actor(run, "s0")
+    try:
+        ap.wait_for(r"loaded weights v\d+", timeout=600)
+        kids = psutil.Process(ap.p.pid).children(recursive=True)
+        assert len(kids) >= 2, [k.cmdline() for k in kids]  # scheduler + detokenizer at least
+        ap.kill()
+        alive = [k.pid for k in kids if not procs.wait_pid_exit(k.pid, timeout=30)]
+        assert not alive, f"still running after the actor was killed: {alive}"
+    finally:
+        ap.kill()
+        lp.p.send_signal(signal.SIGTERM)
+        assert lp.finish(timeout=120) == 0, lp.tail()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_mixed_fleet_vllm_and_sglang_actors_learn(tmp_path, tiny_model_dir):
+    """One learner in the main venv (torch 2.13.0), one vLLM actor it spawns there, and one
+    SGLang actor from this venv (torch 2.14.1): both feed the same run, which learns."""
+    import procs
+
+    main_python = procs.ROOT / ".venv" / "bin" / "python"
+    main_python = os.environ.get("TETHER_MAIN_PYTHON", str(main_python))
+    assert Path(main_python).exists(), f"the main venv's python {main_python} (./test.sh makes it)"
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0",
+                       "actors.num_local=1", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml", python=main_python)
+    lp.wait_for("learner listening", timeout=300)
+    ap = procs.actor(run, "sglang-0", "actors.engine=sglang")
+    try:
+        lp.wait_for(r"actor sglang-0 joined \(engine 'sglang'\)", timeout=120)
+        s = procs.finish_clean(lp, run, 300, timeout=1700)
+        assert ap.finish(timeout=120) == 0, ap.tail()
+    finally:
+        ap.kill()
+    print(f"mixed fleet: held-out reward {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}")
+    assert s["eval_reward_end"] >= 0.8, s
+    vllm_log = (run / "logs" / "actor-0.log").read_text()
+    sglang_log = "".join(ap.lines)
+    assert "vllm" in vllm_log.lower() and vllm_log.count("loaded weights v") >= 20, vllm_log[-2000:]
+    assert "SGLangEngine" in sglang_log and sglang_log.count("loaded weights v") >= 20, sglang_log[-2000:]
+    done = {m: int(re.search(r"done: (\d+) groups generated", text).group(1))
+            for m, text in (("vllm", vllm_log), ("sglang", sglang_log))}
+    assert min(done.values()) >= 20, done  # both engines really contributed
