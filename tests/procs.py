@@ -75,7 +75,7 @@ def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRES
             python: str = sys.executable) -> Proc:
     args = ["-m", "learner", "-c", str(preset), f"run_dir={run_dir}", f"model.path={model_dir}",
             *overrides]
-    return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log", python)
+    return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log", python=python)
 
 
 def actor(run_dir: Path, actor_id: str, *overrides: str) -> Proc:
