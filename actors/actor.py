@@ -230,7 +230,11 @@ class Actor:
         for name, data in welcome.model_files.items():
             if Path(name).name != name or name.startswith("."):
                 raise Rejected(f"learner sent a model file with an unsafe name: {name!r}")
-            (model_dir / name).write_bytes(data)
+            # atomically: actors sharing a cache dir (threads of one learner, processes on one
+            # node) must never read another's half-written file
+            tmp = model_dir / f".{name}.{self.actor_id}.tmp"
+            tmp.write_bytes(data)
+            tmp.replace(model_dir / name)
         A = self.cfg.actors
         if A.engine == "simulated":
             from actors.sim_engine import SimulatedEngine
