@@ -52,6 +52,10 @@ class ModelConfig(Section):
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
+    ref_path: str = ""
+    """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
+    critic_path: str = ""
+    """HF model directory the critic's backbone starts from (default: `path`, the policy's start)."""
 
 
 class TaskConfig(Section):
@@ -67,6 +71,11 @@ class TaskConfig(Section):
     """Most tokens an actor may generate per sample."""
     temperature: Positive = 1.0
     """Sampling temperature; behavior logprobs are those of this tempered distribution."""
+    overlong_buffer: NonNegative = 0
+    """DAPO soft overlong punishment: the last this many tokens of the completion budget are
+    penalised linearly (0 = off)."""
+    overlong_penalty: Annotated[float, Meta(ge=0)] = 1.0
+    """Reward subtracted from a sample that uses the whole budget (linear within overlong_buffer)."""
 
 
 class LearnerConfig(Section):
@@ -102,8 +111,9 @@ class LearnerConfig(Section):
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
+    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo |
+    reinforce_pp (batch-normalised returns) | gae, vtrace (with a critic; docs/algorithms.md)."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -128,6 +138,36 @@ class LearnerConfig(Section):
     """Seed for the prompt order and the learner's torch RNG."""
     backend: Literal["single", "fsdp2", "megatron"] = "single"
     """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron (reserved)."""
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0
+    """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """KL estimator per token: k1 | k2 | k3 (Schulman 2020) | low_var_kl (k3 clamped as verl does)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """Where the reference KL goes: loss (a term of the loss) | reward (subtracted from the rewards)."""
+    entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
+    """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
+    gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    """Discount per token (gae, vtrace, reinforce_pp)."""
+    lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    """GAE lambda."""
+    value_clip: Annotated[float, Meta(ge=0)] = 0.2
+    """Clipped value loss: new values stay within this of the step-start values (0 = unclipped)."""
+    critic_lr: Positive = 1e-3
+    """AdamW learning rate of the critic (its own optimizer; gae and vtrace)."""
+    vtrace_rho: Positive = 1.0
+    """V-trace rho-bar: truncation of pi_prox / mu in the temporal differences and advantages."""
+    vtrace_c: Positive = 1.0
+    """V-trace c-bar: truncation of pi_prox / mu in the trace coefficients."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """PPO ratio: token | sequence (GSPO: the length-normalised sequence ratio is clipped)."""
+    policy_loss: Literal["ppo", "cispo"] = "ppo"
+    """ppo (clipped surrogate) | cispo (REINFORCE with a clipped, stop-gradient ratio weight;
+    bounds 1 - clip_low, 1 + clip_high)."""
+    drop_uniform_groups: bool = False
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform})
+    and more prompts are leased to fill the batch."""
+    mask_truncated: bool = False
+    """Samples that used the whole completion budget without ending get no gradient."""
 
 
 class ActorsConfig(Section):
@@ -283,6 +323,13 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          A.num_local)
     need(T.kind != "inproc" or not (T.curve_server_secret or T.curve_client_secret),
          "transport.kind", "zmq when CURVE is on (in-process sockets are not encrypted)", T.kind)
+    need(L.advantage != "vtrace" or L.correction in ("none", "mask"), "learner.correction",
+         "none or mask with learner.advantage=vtrace (its advantages already carry the "
+         "truncated ratio rho)", L.correction)
+    need(L.policy_loss != "cispo" or L.correction != "tis", "learner.policy_loss",
+         "ppo with learner.correction=tis (tis is its own policy gradient)", L.policy_loss)
+    need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
+         f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from learner import checkpoint
-from models.logprobs import token_logprobs
+from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import without_tied
 
 
@@ -34,6 +34,10 @@ class Backend(Protocol):
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
+
+    def logprobs_entropy(self, input_ids: torch.Tensor,
+                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` and the per-token entropy (rows, L-1) from the same forward pass."""
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
@@ -61,19 +65,26 @@ class SingleProcessBackend:
     dp_rank = 0
     dp_size = 1
 
-    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int) -> None:
+    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
+                 model: torch.nn.Module | None = None) -> None:
+        """`model`: train this module instead of the HF causal LM in `model_dir` (the critic)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
         self.device = torch.device("cpu")
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr,
                                            weight_decay=weight_decay)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(self.model, input_ids, temperature)
+
+    def logprobs_entropy(self, input_ids: torch.Tensor,
+                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_entropy(self.model, input_ids, temperature)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""

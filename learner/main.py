@@ -67,11 +67,13 @@ def run(cfg: TetherConfig) -> dict | None:
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks)
-    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
+    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
+                      models=distributed.make_models(cfg, ranks), eos_id=tokenizer.eos_token_id)
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
             backend.load_checkpoint(checkpoint)
+            trainer.models.load(checkpoint)
         distributed.follow(trainer, backend, ranks)
         distributed.close(ranks)
         return None
@@ -120,6 +122,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     version = 0
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
+        team.trainer.models.load(checkpoint)
     packed = team.gather_weights(version)
     eval_engine = HFEngine(model_dir)
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
