@@ -48,7 +48,7 @@ class ValueModel(torch.nn.Module):
         """(rows, L) -> values (rows, L - 1): column t is the value of the prefix ending at
         position t, i.e. of the state in which the token of column t is sampled."""
         hidden = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
-        return self.value_head(hidden[:, :-1]).squeeze(-1).float()
+        return self.value_head(hidden[:, :-1]).squeeze(-1).clone()  # not a view (FSDP2 hooks)
 
 
 @dataclass
