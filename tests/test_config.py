@@ -25,6 +25,12 @@ def test_every_shipped_preset_is_valid(preset):
 
 @pytest.mark.parametrize("override, expected", [
     (["actors.engine=sglang"], "actors.engine must be one of"),
+    (["learner.advantage=vtrace", "learner.correction=decoupled"],
+     "learner.correction must be none or mask with learner.advantage=vtrace"),
+    (["learner.policy_loss=cispo", "learner.correction=tis"], "learner.policy_loss must be ppo"),
+    (["task.overlong_buffer=6"], "task.overlong_buffer must be <= the completion budget 5"),
+    (["learner.kl_estimator=k4"], "learner.kl_estimator must be one of"),
+    (["learner.gamma=1.5"], "learner.gamma must be in"),
     (["actors.update_mode=later"], "actors.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
     (["actors.vllm_kv_cache_gb=0"], "actors.vllm_kv_cache_gb must be > 0"),
