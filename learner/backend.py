@@ -35,9 +35,10 @@ class Backend(Protocol):
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
 
-    def logprobs_entropy(self, input_ids: torch.Tensor,
-                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """`logprobs` and the per-token entropy (rows, L-1) from the same forward pass."""
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` and the per-token entropy (rows, L-1) from the same forward pass (the
+        entropy differentiable only with `entropy_grad`)."""
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
@@ -82,9 +83,9 @@ class SingleProcessBackend:
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(self.model, input_ids, temperature)
 
-    def logprobs_entropy(self, input_ids: torch.Tensor,
-                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs_entropy(self.model, input_ids, temperature)
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_entropy(self.model, input_ids, temperature, entropy_grad)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""

@@ -60,9 +60,10 @@ class FSDP2Backend:
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(self.model, input_ids.to(self.device), temperature)
 
-    def logprobs_entropy(self, input_ids: torch.Tensor,
-                         temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs_entropy(self.model, input_ids.to(self.device), temperature)
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_entropy(self.model, input_ids.to(self.device), temperature,
+                                      entropy_grad)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the global gradient norm before clipping."""

@@ -165,8 +165,8 @@ class Trainer:
     def _logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """pi_theta's logprobs and entropy from one forward pass; the entropy carries a
         gradient only when it is in the loss."""
-        logp, entropy = self.backend.logprobs_entropy(mb.input_ids, self.cfg.task.temperature)
-        return logp, entropy if self.lcfg.entropy_coef else entropy.detach()
+        return self.backend.logprobs_entropy(mb.input_ids, self.cfg.task.temperature,
+                                             entropy_grad=self.lcfg.entropy_coef > 0)
 
 
 def _staleness_metrics(groups: list[TrajGroup], version: int) -> dict[str, float]:
