@@ -1,6 +1,6 @@
 """Where groups go when they are not trained on: the one tally of drops.
 
-The lease table (expired, invalid, agent_error) and the replay buffer (stale) both count into
+The lease table (expired, invalid, agent_error, uniform) and the replay buffer (stale) both count into
 one `Drops`, shared by the learner's I/O and trainer threads; the capacity rule and the
 summary's accounting read it from there:
 
@@ -23,6 +23,8 @@ class DropReason(str, enum.Enum):
     """The actor holding the lease died or went silent; the prompt is granted again."""
     AGENT_ERROR = "agent_error"
     """The agent raised; the actor reported the error instead of a trajectory."""
+    UNIFORM = "uniform"
+    """Every sample of the group got the same reward (learner.drop_uniform_groups, DAPO)."""
 
 
 class Drops:

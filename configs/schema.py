@@ -55,6 +55,10 @@ class ModelConfig(Section):
     """Learning rate of the supervised warm-start."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
+    ref_path: str = ""
+    """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
+    critic_path: str = ""
+    """HF model directory the critic's backbone starts from (default: `path`, the policy's start)."""
 
 
 class TaskConfig(Section):
@@ -97,6 +101,11 @@ class TaskConfig(Section):
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    overlong_buffer: NonNegative = 0
+    """DAPO soft overlong punishment: the last this many tokens of the completion budget are
+    penalised linearly (0 = off)."""
+    overlong_penalty: Annotated[float, Meta(ge=0)] = 1.0
+    """Reward subtracted from a sample that uses the whole budget (linear within overlong_buffer)."""
 
 
 class LearnerConfig(Section):
@@ -132,8 +141,9 @@ class LearnerConfig(Section):
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
-    advantage: Literal["grpo", "drgrpo", "rloo"] = "grpo"
-    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
+    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo |
+    reinforce_pp (batch-normalised returns) | gae, vtrace (with a critic; docs/algorithms.md)."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -166,6 +176,36 @@ class LearnerConfig(Section):
     torchrun ranks / (megatron_tp * megatron_pp)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0
+    """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """KL estimator per token: k1 | k2 | k3 (Schulman 2020) | low_var_kl (k3 clamped as verl does)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """Where the reference KL goes: loss (a term of the loss) | reward (subtracted from the rewards)."""
+    entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
+    """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
+    gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    """Discount per token (gae, vtrace, reinforce_pp)."""
+    lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    """GAE lambda."""
+    value_clip: Annotated[float, Meta(ge=0)] = 0.2
+    """Clipped value loss: new values stay within this of the step-start values (0 = unclipped)."""
+    critic_lr: Positive = 1e-3
+    """AdamW learning rate of the critic (its own optimizer; gae and vtrace)."""
+    vtrace_rho: Positive = 1.0
+    """V-trace rho-bar: truncation of pi_prox / mu in the temporal differences and advantages."""
+    vtrace_c: Positive = 1.0
+    """V-trace c-bar: truncation of pi_prox / mu in the trace coefficients."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """PPO ratio: token | sequence (GSPO: the length-normalised sequence ratio is clipped)."""
+    policy_loss: Literal["ppo", "cispo"] = "ppo"
+    """ppo (clipped surrogate) | cispo (REINFORCE with a clipped, stop-gradient ratio weight;
+    bounds 1 - clip_low, 1 + clip_high)."""
+    drop_uniform_groups: bool = False
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform})
+    and more prompts are leased to fill the batch."""
+    mask_truncated: bool = False
+    """Samples that used the whole completion budget without ending get no gradient."""
 
 
 class ActorsConfig(Section):
@@ -313,6 +353,10 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
     need(L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
+    need(L.backend != "megatron" or (L.kl_coef == 0 and L.entropy_coef == 0
+                                     and L.advantage not in ("gae", "vtrace")),
+         "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
+         "(not built for megatron yet)", L.backend)
     world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
     need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
          "learner.megatron_tp * learner.megatron_pp",
@@ -346,6 +390,13 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          A.num_local)
     need(T.kind != "inproc" or not (T.curve_server_secret or T.curve_client_secret),
          "transport.kind", "zmq when CURVE is on (in-process sockets are not encrypted)", T.kind)
+    need(L.advantage != "vtrace" or L.correction in ("none", "mask"), "learner.correction",
+         "none or mask with learner.advantage=vtrace (its advantages already carry the "
+         "truncated ratio rho)", L.correction)
+    need(L.policy_loss != "cispo" or L.correction != "tis", "learner.policy_loss",
+         "ppo with learner.correction=tis (tis is its own policy gradient)", L.policy_loss)
+    need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
+         f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors

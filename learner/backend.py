@@ -16,7 +16,7 @@ import torch
 
 from learner import checkpoint
 from models.devices import compute
-from models.logprobs import token_logprobs
+from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import without_tied
 
 
@@ -35,6 +35,11 @@ class Backend(Protocol):
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
+
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` and the per-token entropy (rows, L-1) from the same forward pass (the
+        entropy differentiable only with `entropy_grad`)."""
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
@@ -64,15 +69,17 @@ class SingleProcessBackend:
 
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device = torch.device("cpu"),
-                 dtype: torch.dtype = torch.float32) -> None:
-        """fp32 weights on `device`; forward passes in `dtype` (models/devices.py)."""
+                 dtype: torch.dtype = torch.float32, model: torch.nn.Module | None = None) -> None:
+        """fp32 weights on `device`; forward passes in `dtype` (models/devices.py). `model`:
+        train this module instead of the HF causal LM in `model_dir` (the critic)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
         self.device = device
         self.dtype = dtype
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
+            self.model_dir, dtype=torch.float32)
         self.model.to(device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr,
                                            weight_decay=weight_decay)
@@ -80,6 +87,11 @@ class SingleProcessBackend:
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         with compute(self.device, self.dtype):
             return token_logprobs(self.model, input_ids, temperature)
+
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        with compute(self.device, self.dtype):
+            return token_logprobs_entropy(self.model, input_ids, temperature, entropy_grad)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""

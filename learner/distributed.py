@@ -36,7 +36,9 @@ import torch.distributed as dist
 
 from buffer import record
 from buffer.record import TrajGroup
+from configs.schema import TetherConfig
 from learner.backend import Backend, SingleProcessBackend
+from learner.critic import AlgoModels, ValueModel, needs_critic
 from learner.trainer import Trainer
 from models.devices import resolve_device
 from transport.weights import PackedWeights, pack
@@ -100,17 +102,36 @@ def close(ranks: Ranks) -> None:
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  ranks: Ranks, dtype: torch.dtype = torch.float32, *, tp: int = 1,
-                 pp: int = 1) -> Backend:
-    """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only)."""
+                 pp: int = 1, model: torch.nn.Module | None = None) -> Backend:
+    """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only). `model`: train
+    that module (the critic) instead of the causal LM in `model_dir` (single, fsdp2)."""
     if backend == "single":
-        return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype)
+        return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype,
+                                    model=model)
     if backend == "megatron":
         from learner.megatron import MegatronBackend
 
         return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp)
     from learner.fsdp import FSDP2Backend
 
-    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype)
+    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model)
+
+
+def make_models(cfg: TetherConfig, ranks: Ranks) -> AlgoModels:
+    """The frozen reference (kl_coef > 0) and the critic (gae, vtrace) this config needs,
+    with learner.backend (learner/critic.py); every rank calls it, in this order."""
+    L, M = cfg.learner, cfg.model
+    out = AlgoModels()
+    if L.kl_coef > 0:
+        out.reference = make_backend(L.backend, Path(M.ref_path or M.path), 0.0, 0.0, L.seed,
+                                     ranks)
+        out.reference.model.requires_grad_(False)
+        out.reference.model.eval()
+    if needs_critic(cfg):
+        path = Path(M.critic_path or M.path)
+        out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed, ranks,
+                                  model=ValueModel(path))
+    return out
 
 
 class Leader:
@@ -145,6 +166,7 @@ class Leader:
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         self._send(Op.SAVE, 0, _path_array(path))
         self.backend.save_checkpoint(path, extra)
+        self.trainer.models.save(path)
 
     def export_hf(self, path: Path) -> None:
         self._send(Op.EXPORT, 0, _path_array(path))
@@ -189,6 +211,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
                     pass
             case Op.SAVE:
                 backend.save_checkpoint(_array_path(arrays), {})
+                trainer.models.save(_array_path(arrays))
             case Op.EXPORT:
                 backend.export_hf(_array_path(arrays))
             case Op.STOP:

@@ -27,13 +27,16 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from learner import checkpoint
-from models.logprobs import token_logprobs
+from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import without_tied
 
 
 class FSDP2Backend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device, dtype: torch.dtype = torch.float32,
+                 model: torch.nn.Module | None = None) -> None:
+        """`model`: shard and train this module (with `.model.layers`, e.g. the critic)
+        instead of the HF causal LM in `model_dir`."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -41,7 +44,8 @@ class FSDP2Backend:
         self.dp_rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
         model.to(device).train()
         mesh = init_device_mesh(device.type, (self.dp_size,))
         # float32: no policy (as before); else fp32 shards, `dtype` compute, fp32 reduction
@@ -59,6 +63,11 @@ class FSDP2Backend:
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(self.model, input_ids.to(self.device), temperature)
+
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_entropy(self.model, input_ids.to(self.device), temperature,
+                                      entropy_grad)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the global gradient norm before clipping."""

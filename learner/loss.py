@@ -12,6 +12,12 @@ step, recomputed), mu (behavior: the logprob the actor's engine sampled with).
              [mask_low, mask_high] get weight 0.
 Weights can be token- or sequence-level and are multiplied by staleness_decay**staleness.
 
+The surrogate: `ratio_level=sequence` clips GSPO's length-normalised sequence ratio instead of
+the token ratio; `policy_loss=cispo` replaces the clipped surrogate by CISPO's REINFORCE term
+with a clipped stop-gradient ratio weight. Optional terms: the KL to a frozen reference policy
+(`kl_estimator`, weight `kl_coef`) and an entropy bonus (`entropy_coef`). The critic's clipped
+value loss is `value_loss`. Advantage estimators live in learner/advantages.py.
+
 Data parallelism: a rank that holds only part of a minibatch passes the minibatch's `LossNorm`;
 its loss and statistics are then its share of the minibatch's (sums over its tokens divided by
 the global counts), and the shares summed over ranks equal the single-process values.
@@ -54,18 +60,64 @@ class LossNorm:
         return cls(tokens=float(mask.sum()), rows=mask.shape[0])
 
 
+def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating
+    KL divergence"), with log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2,
+    k3 = r - 1 - log r; low_var_kl is k3 with log r clamped to [-20, 20] and the result to
+    [-10, 10] (verl's convention)."""
+    log_r = ref - logp
+    if kind == "k1":
+        return -log_r
+    if kind == "k2":
+        return 0.5 * log_r.square()
+    if kind == "k3":
+        return torch.exp(log_r) - 1 - log_r
+    if kind == "low_var_kl":
+        log_r = log_r.clamp(-20.0, 20.0)
+        return (torch.exp(log_r) - 1 - log_r).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor, clip: float, agg: str, max_new_tokens: int,
+               norm: LossNorm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss, 1/2 max((V - R)^2, (clip(V, V_old +- clip) - R)^2) per token
+    (clip 0: 1/2 (V - R)^2), aggregated like the policy loss; all tensors (rows, tokens)."""
+    norm = LossNorm.of(mask) if norm is None else norm
+    err = (values - returns).square()
+    if clip > 0:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        err_c = (clipped - returns).square()
+        frac = ((err_c > err).float() * mask).sum() / max(norm.tokens, 1.0)
+        err = torch.maximum(err, err_c)
+    else:
+        frac = torch.zeros(())
+    loss = aggregate(0.5 * err, mask, agg, max_new_tokens, norm)
+    n = max(norm.tokens, 1.0)
+    with torch.no_grad():
+        stats = {"value_loss": loss.detach(), "value_clip_frac": frac.detach(),
+                 "value_mean": (values.detach() * mask).sum() / n,
+                 "return_mean": (returns * mask).sum() / n}
+    return loss, stats
+
+
 def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
                 advantages: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor,
                 cfg: LearnerConfig, max_new_tokens: int,
-                norm: LossNorm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-level clipped policy loss.
+                norm: LossNorm | None = None, ref: torch.Tensor | None = None,
+                entropy: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-level clipped policy loss (or GSPO's sequence-level, or CISPO's), plus the
+    reference KL (`ref`: the reference policy's logprobs, when cfg.kl_in is loss) and the
+    entropy bonus (`entropy`: the policy's per-token entropy, logged as well).
 
-    logp, behavior, prox, mask, staleness: (batch, tokens); advantages: (batch,).
-    Returns the scalar loss and detached statistics (means over masked tokens). With `norm`
-    (a data-parallel shard) both are this shard's share of the minibatch's values: sum them
-    over ranks (`is_weight_max`: take the max); without it the rows are the whole minibatch."""
+    logp, behavior, prox, mask, staleness: (batch, tokens); advantages: (batch,) or
+    (batch, tokens). Returns the scalar loss and detached statistics (means over masked
+    tokens). With `norm` (a data-parallel shard) both are this shard's share of the
+    minibatch's values: sum them over ranks (`is_weight_max`: take the max); without it the
+    rows are the whole minibatch."""
     norm = LossNorm.of(mask) if norm is None else norm
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
     with torch.no_grad():
         log_w = (prox - behavior) * mask
         if cfg.is_level == "sequence":
@@ -80,8 +132,15 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
         if cfg.staleness_decay != 1.0:
             weight = weight * cfg.staleness_decay ** staleness.float()
     anchor = behavior if cfg.correction == "none" else prox
-    ratio = torch.exp(logp - anchor)
-    if cfg.correction == "tis":
+    if cfg.ratio_level == "sequence":
+        ratio = torch.exp(_sequence_mean((logp - anchor) * mask, mask)).expand_as(mask)
+    else:
+        ratio = torch.exp(logp - anchor)
+    if cfg.policy_loss == "cispo":
+        bounded = ratio.detach().clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        pg = -adv * bounded * logp
+        clipped = bounded != ratio.detach()
+    elif cfg.correction == "tis":
         pg = -adv * ratio
         clipped = torch.zeros_like(mask, dtype=torch.bool)
     else:
@@ -93,6 +152,16 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
             pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip), pg)
     token_loss = pg * weight
     loss = aggregate(token_loss, mask, cfg.loss_agg, max_new_tokens, norm)
+    extra: dict[str, torch.Tensor] = {}
+    if ref is not None:
+        kl = kl_estimate(logp, ref, cfg.kl_estimator)
+        loss = loss + cfg.kl_coef * aggregate(kl, mask, cfg.loss_agg, max_new_tokens, norm)
+        extra["kl_ref"] = (kl.detach() * mask).sum() / max(norm.tokens, 1.0)
+    if entropy is not None:
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * aggregate(entropy, mask, cfg.loss_agg,
+                                                       max_new_tokens, norm)
+        extra["entropy"] = (entropy.detach() * mask).sum() / max(norm.tokens, 1.0)
     with torch.no_grad():
         n = max(norm.tokens, 1.0)
         r = torch.exp(prox - behavior)
@@ -105,8 +174,17 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
             "masked_frac": ((weight == 0).float() * mask).sum() / n,
             "kl_behavior_prox_k3": ((r - 1 - (prox - behavior)) * mask).sum() / n,
             "ratio_mean": (ratio.detach() * mask).sum() / n,
+            # Kish ESS / n of the raw weights pi_prox/mu = ess_w ^ 2 / ess_w2 (learner/trainer.py)
+            "ess_w": (raw_w * mask).sum() / n,
+            "ess_w2": (raw_w.square() * mask).sum() / n,
+            **extra,
         }
     return loss, stats
+
+
+def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean over masked tokens, (rows, 1)."""
+    return x.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
 
 
 def aggregate(token_loss: torch.Tensor, mask: torch.Tensor, kind: str, max_new_tokens: int,

@@ -73,11 +73,13 @@ def run(cfg: TetherConfig) -> dict | None:
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
                                        devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
                                        pp=L.megatron_pp)
-    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id)
+    trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
+                      models=distributed.make_models(cfg, ranks), eos_id=tokenizer.eos_token_id)
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
             backend.load_checkpoint(checkpoint)
+            trainer.models.load(checkpoint)
         distributed.follow(trainer, backend, ranks)
         distributed.close(ranks)
         return None
@@ -126,6 +128,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     version = 0
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
+        team.trainer.models.load(checkpoint)
     packed = team.gather_weights(version)
     eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)

@@ -96,6 +96,12 @@ class MegatronBackend:
             self._pending = (ids, temperature, logp)
         return logp
 
+    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, None]:
+        """Logprobs only: the entropy over vocab-parallel logits is not built (None: not
+        logged; configs refuse learner.entropy_coef > 0 with this backend)."""
+        return self.logprobs(input_ids, temperature), None
+
     def _schedule(self, ids: torch.Tensor, temperature: float,
                   grad: torch.Tensor | None) -> list[torch.Tensor]:
         """Megatron's pipeline schedule over microbatches of `ids`. grad None: forward only,

@@ -35,6 +35,7 @@ from buffer.record import TrajGroup
 from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens
+from learner.advantages import is_uniform
 from learner.leases import LeaseRecord, LeaseTable
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
@@ -413,6 +414,9 @@ class LearnerServer(threading.Thread):
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
         self._count_ends(msg)
+        if self.cfg.learner.drop_uniform_groups and is_uniform(group.rewards):
+            self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
+            return None
         return group
 
     def _count_ends(self, msg: m.GroupResult) -> None:

@@ -1,7 +1,8 @@
 """One RL training step on a batch of groups: the algorithm, independent of the backend.
 
-    groups -> collate -> pi_prox (no grad, weights at step start) -> for each epoch and
-    minibatch: pi_theta -> policy_loss -> backend.step
+    groups -> shape (overlong, mask_truncated) -> collate -> at step start, no grad: pi_prox,
+    pi_ref, critic values, advantages (+ value targets) -> for each epoch and minibatch:
+    pi_theta -> policy_loss -> backend.step; values -> value_loss -> critic.step
 
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
@@ -14,35 +15,66 @@ step equals the single-process step on the whole batch (tests/test_fsdp.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from buffer.record import TrajGroup
 from configs.schema import TetherConfig, max_completion_tokens
+from learner import advantages as A
 from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
-from learner.loss import LossNorm, group_advantages, policy_loss
+from learner.critic import AlgoModels
+from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+
+
+@dataclass
+class Prepared:
+    """A minibatch's step-start quantities (no gradient), fixed over the epochs."""
+
+    prox: torch.Tensor
+    """pi_prox logprobs (rows, tokens)."""
+    advantages: torch.Tensor
+    """(rows,) for group estimators, (rows, tokens) for token-level ones."""
+    ref: torch.Tensor | None = None
+    """Reference logprobs (kl_coef > 0)."""
+    old_values: torch.Tensor | None = None
+    """Critic values at step start (gae, vtrace)."""
+    returns: torch.Tensor | None = None
+    """Value targets (gae: A + V; vtrace: v_s)."""
 
 
 class Trainer:
-    def __init__(self, cfg: TetherConfig, backend: Backend, pad_id: int) -> None:
+    def __init__(self, cfg: TetherConfig, backend: Backend, pad_id: int,
+                 models: AlgoModels | None = None, eos_id: int | None = None) -> None:
+        """`models`: the reference and critic the config needs (learner/distributed.py
+        `make_models`); `eos_id`: the tokenizer's, needed by learner.mask_truncated."""
         self.cfg = cfg
         self.lcfg = cfg.learner
         self.backend = backend
         self.pad_id = pad_id
+        self.models = AlgoModels() if models is None else models
+        self.eos_id = eos_id
+        if cfg.learner.kl_coef > 0 and self.models.reference is None:
+            raise ValueError("learner.kl_coef > 0 needs a reference model (make_models)")
+        if cfg.learner.advantage in ("gae", "vtrace") and self.models.critic is None:
+            raise ValueError(f"learner.advantage={cfg.learner.advantage} needs a critic "
+                             "(make_models)")
 
     def step(self, groups: list[TrajGroup], version: int) -> dict[str, float]:
         """Train on `groups` at policy `version`; returns this step's metrics."""
-        L, T = self.lcfg, self.cfg.task.temperature
+        L = self.lcfg
         per_mb = len(groups) // L.minibatches
-        minibatches = [self._shard(groups[i:i + per_mb]) for i in range(0, len(groups), per_mb)]
+        shaped = A.shape_groups(groups, self.cfg, self.eos_id)
+        minibatches = [self._shard(shaped[i:i + per_mb]) for i in range(0, len(shaped), per_mb)]
         with torch.no_grad():
-            proxes = [self.backend.logprobs(mb.input_ids, T) for mb, _ in minibatches]
+            preps = [self._prepare(mb, norm) for mb, norm in minibatches]
         sums: dict[str, float] = {}
         count = 0
         for _ in range(L.epochs):
-            for (mb, norm), prox in zip(minibatches, proxes):
-                stats = self._minibatch(mb, norm, prox, version)
+            for (mb, norm), prep in zip(minibatches, preps):
+                stats = self._minibatch(mb, norm, prep, version)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
@@ -72,19 +104,69 @@ class Trainer:
         mine = groups[rank * len(groups) // size:(rank + 1) * len(groups) // size]
         return collate(mine, self.pad_id, padded_length(groups)).to(self.backend.device), norm
 
-    def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prox: torch.Tensor,
+    def _prepare(self, mb: TokenBatch, norm: LossNorm | None) -> Prepared:
+        """pi_prox, the reference logprobs, the critic's values and the advantages, at step
+        start (called under no_grad for every minibatch before any optimizer step)."""
+        L, T = self.lcfg, self.cfg.task.temperature
+        prox = self.backend.logprobs(mb.input_ids, T)
+        ref = self.models.ref_logprobs(mb.input_ids, T) if L.kl_coef > 0 else None
+        kl_pen = None
+        if ref is not None and L.kl_in == "reward":
+            kl_pen = L.kl_coef * kl_estimate(prox, ref, L.kl_estimator) * mb.mask
+        prep = Prepared(prox=prox, advantages=torch.zeros(()), ref=ref)
+        if L.advantage in ("grpo", "drgrpo", "rloo"):
+            rewards = mb.rewards
+            if kl_pen is not None:
+                rewards = rewards - kl_pen.sum(dim=1).reshape(rewards.shape)
+            prep.advantages = group_advantages(rewards, L.advantage).reshape(-1)
+            return prep
+        r = A.token_rewards(mb.rewards.reshape(-1), mb.mask, kl_pen)
+        if L.advantage == "reinforce_pp":
+            tokens = max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
+            prep.advantages = A.reinforce_pp(r, mb.mask, L.gamma, tokens,
+                                             self.backend.reduce_stats)
+            return prep
+        values = self.models.values(mb.input_ids) * mb.mask
+        prep.old_values = values
+        if L.advantage == "gae":
+            prep.advantages, prep.returns = A.gae(r, values, mb.mask, L.gamma, L.lam)
+        else:
+            prep.advantages, prep.returns = A.vtrace(r, values, (prox - mb.behavior) * mb.mask,
+                                                     mb.mask, L.gamma, L.vtrace_rho, L.vtrace_c)
+        return prep
+
+    def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared,
                    version: int) -> dict[str, float]:
         L = self.lcfg
-        adv = group_advantages(mb.rewards, L.advantage).reshape(-1)
-        logp = self.backend.logprobs(mb.input_ids, self.cfg.task.temperature)
+        logp, entropy = self._logprobs(mb)
         staleness = (version - mb.versions) * mb.mask.long()
-        loss, stats = policy_loss(logp, mb.behavior, prox, adv, mb.mask, staleness, L,
-                                  max_completion_tokens(self.cfg), norm)
+        budget = max_completion_tokens(self.cfg)
+        in_loss = prep.ref if L.kl_in == "loss" else None
+        loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
+                                  staleness, L, budget, norm, ref=in_loss, entropy=entropy)
+        if prep.ref is not None and in_loss is None:  # in the reward: logged here
+            kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
+            stats["kl_ref"] = (kl * mb.mask).sum() / max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
         grad_norm = self.backend.step(loss, L.max_grad_norm)
         stats["loss"] = loss.detach()
+        if self.models.critic is not None:
+            values = self.models.values(mb.input_ids)
+            vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
+                                       L.value_clip, L.loss_agg, budget, norm)
+            stats.update(vstats)
+            critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
         out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
         out["grad_norm"] = grad_norm
+        if self.models.critic is not None:
+            out["critic_grad_norm"] = critic_grad_norm
+        out["is_ess"] = out["ess_w"] ** 2 / out["ess_w2"] if out["ess_w2"] > 0 else 1.0
         return out
+
+    def _logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """pi_theta's logprobs and entropy from one forward pass; the entropy carries a
+        gradient only when it is in the loss."""
+        return self.backend.logprobs_entropy(mb.input_ids, self.cfg.task.temperature,
+                                             entropy_grad=self.lcfg.entropy_coef > 0)
 
 
 def _staleness_metrics(groups: list[TrajGroup], version: int) -> dict[str, float]:

@@ -5,7 +5,8 @@
 
 train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
         and the full gradients go to OUT/grads_{agg}.*; (2) STEPS steps on batches 0..STEPS-1,
-        a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export.
+        a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export;
+        (3) the same with a critic and a reference model (`train_algos`).
 resume: a fresh process group loads CKPT (default OUT/ckpt; any backend's checkpoint) and trains
         batches CKPT_AT..STEPS-1; the weights go to OUT/NAME (default resume_final.safetensors).
 Only rank 0 writes files (besides the checkpoint's shards).
@@ -35,6 +36,9 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "constant")
 TRAIN_OVERRIDES = ["learner.prompts_per_step=8", "learner.group_size=4", "learner.minibatches=2",
                    "learner.correction=decoupled", "learner.max_grad_norm=0.5"]
 """The N-step run: two optimizer steps per batch, clipping by global norm active."""
+ALGO_OVERRIDES = ["learner.advantage=gae", "learner.lam=0.9", "learner.kl_coef=0.1",
+                  "learner.entropy_coef=0.01"]
+"""The N-step run with a critic (GAE) and the reference KL in the loss (docs/algorithms.md)."""
 
 
 def config(model_dir: Path, *overrides: str):
@@ -76,10 +80,11 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 
 
 def make(cfg, ranks):
+    cfg.learner.backend = "fsdp2"  # the critic and reference too (make_models)
     L = cfg.learner
     backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
                                        L.seed, ranks)
-    return backend, Trainer(cfg, backend, pad_id=0)
+    return backend, Trainer(cfg, backend, pad_id=0, models=distributed.make_models(cfg, ranks))
 
 
 def write(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -108,6 +113,24 @@ def train(out: Path, model_dir: Path, ranks) -> None:
     backend.export_hf(out / "hf")
     if ranks.rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(rows))
+    train_algos(out, model_dir, ranks)
+
+
+def train_algos(out: Path, model_dir: Path, ranks) -> None:
+    """STEPS steps with the critic and the reference (ALGO_OVERRIDES): policy and critic
+    weights at the end, metrics, and a checkpoint (policy + critic) after step CKPT_AT."""
+    cfg = config(model_dir, *ALGO_OVERRIDES)
+    backend, trainer = make(cfg, ranks)
+    rows = []
+    for step in range(STEPS):
+        rows.append(trainer.step(synthetic_groups(cfg, step), step))
+        if step + 1 == CKPT_AT:
+            backend.save_checkpoint(out / "algo_ckpt", {"version": CKPT_AT})
+            trainer.models.save(out / "algo_ckpt")
+    write(out, "algo_policy.safetensors", dict(backend.named_full_tensors()))
+    write(out, "algo_critic.safetensors", dict(trainer.models.critic.named_full_tensors()))
+    if ranks.rank == 0:
+        (out / "algo_metrics.json").write_text(json.dumps(rows))
 
 
 def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") -> None:

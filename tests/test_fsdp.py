@@ -49,7 +49,8 @@ def fsdp_run(tmp_path_factory, tiny_model_dir):
 def _single(cfg):
     L = cfg.learner
     backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed)
-    return backend, Trainer(cfg, backend, pad_id=0)
+    models = distributed.make_models(cfg, distributed.Ranks(0, 1, torch.device("cpu")))
+    return backend, Trainer(cfg, backend, pad_id=0, models=models)
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -143,6 +144,39 @@ def test_single_checkpoint_resumes_under_fsdp2(fsdp_run, tiny_model_dir, tmp_pat
               str(tmp_path / "ckpt"), "from_single.safetensors")
     resumed = load_file(str(tmp_path / "from_single.safetensors"))
     assert _max_diff(resumed, backend.state_dict()) <= TOL
+
+
+def test_critic_and_reference_equal_single_process(fsdp_run, tiny_model_dir):
+    """A sharded critic (GAE) and a sharded reference model (KL in the loss): after N steps
+    the policy, the critic and every step's metrics equal the single process's."""
+    cfg = fsdp_worker.config(tiny_model_dir, *fsdp_worker.ALGO_OVERRIDES)
+    backend, trainer = _single(cfg)
+    initial_critic = {k: v.clone() for k, v in trainer.models.critic.state_dict().items()}
+    rows = [trainer.step(fsdp_worker.synthetic_groups(cfg, s), s) for s in range(fsdp_worker.STEPS)]
+    critic = trainer.models.critic.state_dict()
+    assert _max_diff(load_file(str(fsdp_run / "algo_policy.safetensors")), backend.state_dict()) <= TOL
+    assert _max_diff(load_file(str(fsdp_run / "algo_critic.safetensors")), critic) <= TOL
+    assert _max_diff(critic, initial_critic) > 100 * TOL  # the critic really trained
+    fsdp_rows = json.loads((fsdp_run / "algo_metrics.json").read_text())
+    assert rows[-1]["kl_ref"] > 0 and rows[-1]["value_loss"] > 0
+    for r, f in zip(rows, fsdp_rows, strict=True):
+        assert f.keys() == r.keys()
+        for k in ("loss", "kl_ref", "entropy", "value_loss", "is_ess", "critic_grad_norm"):
+            assert f[k] == pytest.approx(r[k], rel=TOL, abs=TOL), k
+
+
+def test_fsdp2_critic_checkpoint_resumes_in_a_single_process(fsdp_run, tiny_model_dir):
+    """The FSDP2 checkpoint after step 3 holds the critic beside the policy; loaded into the
+    single backend, steps 4-6 end where the uninterrupted FSDP2 run ended, critic included."""
+    cfg = fsdp_worker.config(tiny_model_dir, *fsdp_worker.ALGO_OVERRIDES)
+    backend, trainer = _single(cfg)
+    backend.load_checkpoint(fsdp_run / "algo_ckpt")
+    trainer.models.load(fsdp_run / "algo_ckpt")
+    for step in range(fsdp_worker.CKPT_AT, fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, step), step)
+    assert _max_diff(load_file(str(fsdp_run / "algo_policy.safetensors")), backend.state_dict()) <= TOL
+    assert _max_diff(load_file(str(fsdp_run / "algo_critic.safetensors")),
+                     trainer.models.critic.state_dict()) <= TOL
 
 
 def test_groups_cross_ranks_unchanged(tiny_model_dir):

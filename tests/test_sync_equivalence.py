@@ -17,7 +17,11 @@ STEPS = 6
 @pytest.mark.parametrize("correction, extra", [
     ("none", []),
     ("decoupled", ["learner.minibatches=2", "learner.epochs=2"]),
-])
+    # docs/algorithms.md: a critic (GAE), the reference KL, dynamic sampling
+    ("decoupled", ["learner.advantage=gae", "learner.lam=0.95", "learner.minibatches=2"]),
+    ("decoupled", ["learner.kl_coef=0.05", "learner.kl_estimator=k3", "learner.entropy_coef=0.01"]),
+    ("decoupled", ["learner.drop_uniform_groups=true", "learner.group_size=2"]),
+], ids=["none", "decoupled", "critic_gae", "reference_kl", "dynamic_sampling"])
 def test_eta0_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, correction, extra):
     run = tmp_path / "run"
     overrides = ["max_staleness=0", f"learner.correction={correction}", "learner.prompts_per_step=8",
@@ -26,6 +30,9 @@ def test_eta0_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, corr
     assert lp.finish(timeout=300) == 0, lp.tail()
     assert procs.summary(run)["steps"] == STEPS
     assert all(r["staleness_max"] == 0 for r in procs.metrics(run))
+    if "learner.drop_uniform_groups=true" in extra:  # many groups of 2 are uniform
+        s = procs.summary(run)
+        assert s["groups"]["dropped"].get("uniform", 0) > 0 and s["accounting_ok"], s["groups"]
     distributed = load_file(str(run / "final_model" / "model.safetensors"))  # after step STEPS
 
     cfg = load_config(procs.PRESET, [*overrides, f"model.path={tiny_model_dir}"])
