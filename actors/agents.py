@@ -18,7 +18,8 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
         return SingleTurnAgent(task.reward)
     if A.agent == "tools":
         return ToolAgent(task.reward, make_chat_format(tokenizer),
-                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb),
+                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
+                                    A.tool_max_procs),
                          A.max_turns, A.max_total_tokens)
     if A.agent == "openai":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,

@@ -159,6 +159,12 @@ class ActorsConfig(Section):
     """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
     tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
     """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
+    python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
+    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start without bwrap) | rlimits (limits only: unsafe)."""
+    tool_max_procs: Count = 16
+    """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
+    tool_parser: Literal["tether", "hermes"] = "tether"
+    """How a model turn's tool calls are parsed (tools and openai agents): tether (`<call> NAME ARG </call>`, the tiny models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
     openai_port: Port = 0
     """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
     openai_agent: str = ""
