@@ -166,6 +166,8 @@ class PythonTool:
             err.seek(0)
             stdout = out.read(OUTPUT_CHARS).decode(errors="replace").strip()
             stderr = err.read(64 * 1024).decode(errors="replace").strip()
+        if self.bwrap is not None and rc > 128:  # bwrap exits 128 + N when its child got signal N
+            rc = 128 - rc
         if rc < 0:
             name = signal.Signals(-rc).name
             why = {"SIGXCPU": "cpu time limit", "SIGXFSZ": "file size limit"}.get(name, "signal")
