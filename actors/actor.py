@@ -428,5 +428,6 @@ def _sample(index: int, r: Rollout | BaseException) -> m.Sample:
                         finish=Finish.ERROR.value)
     return m.Sample(sample_index=index, completion_ids=m.Array.from_numpy(r.completion_ids),
                     logprobs=m.Array.from_numpy(r.logprobs), versions=m.Array.from_numpy(r.versions),
-                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward, finish=r.finish)
+                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward, finish=r.finish,
+                    tool_parse_errors=r.tool_parse_errors)
 

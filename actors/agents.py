@@ -7,6 +7,7 @@ from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
 from actors.rollout import Agent
 from actors.single_turn import SingleTurnAgent
 from actors.tool_agent import ToolAgent
+from actors.tool_parsers import make_parser
 from actors.tools import make_tools
 from configs.schema import TetherConfig
 
@@ -20,9 +21,9 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
         return ToolAgent(task.reward, make_chat_format(tokenizer),
                          make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
                                     A.tool_max_procs),
-                         A.max_turns, A.max_total_tokens)
+                         A.max_turns, A.max_total_tokens, make_parser(A.tool_parser))
     if A.agent == "openai":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
-                                  A.max_total_tokens)
+                                  A.max_total_tokens, make_parser(A.tool_parser))
         return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
     raise ValueError(f"unknown agent {A.agent!r}")

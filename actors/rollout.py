@@ -66,6 +66,8 @@ class Rollout:
     reward: float
     finish: str = ""
     """Why it ended: a `Finish` value ("" = the agent does not say). Reported to the learner."""
+    tool_parse_errors: int = 0
+    """Model turns whose tool calls did not parse (actors/tool_parsers.py). Reported to the learner."""
 
 
 class Agent(Protocol):

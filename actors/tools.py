@@ -68,6 +68,8 @@ def parse_call(text: str) -> ToolCall | CallError | None:
 
 class Tool(Protocol):
     name: str
+    description: str
+    """One line for the model (the tool's OpenAI definition, rendered by chat templates)."""
 
     async def run(self, argument: str) -> str:
         """The answer to show the model; raise ToolError for a bad call. May be cancelled (timeout)."""
@@ -79,6 +81,13 @@ class ToolRegistry:
     def __init__(self, tools: list[Tool], timeout_s: float) -> None:
         self.tools = {t.name: t for t in tools}
         self.timeout_s = timeout_s
+
+    def definitions(self) -> list[dict]:
+        """The tools as OpenAI function definitions: one string parameter, `argument`."""
+        return [{"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            "parameters": {"type": "object", "properties": {"argument": {"type": "string"}},
+                           "required": ["argument"]}}} for t in self.tools.values()]
 
     async def call(self, call: ToolCall | CallError) -> str:
         if isinstance(call, CallError):
@@ -100,6 +109,7 @@ class Calculator:
     The result is written digit by digit, which word-level tokenizers need."""
 
     name = "calc"
+    description = "Sum of non-negative integers joined by +, e.g. 1 2 + 3 4."
 
     async def run(self, argument: str) -> str:
         expr = "".join(argument.split())
@@ -118,6 +128,7 @@ class PythonTool:
     code can read every file the actor can, reach the network and write anywhere (unsafe)."""
 
     name = "python"
+    description = "Run a Python program; the answer is what it prints."
 
     def __init__(self, cpu_s: float, memory_mb: int, file_mb: int = 16,
                  sandbox: Literal["bwrap", "rlimits"] = "bwrap", max_procs: int = 16) -> None:

@@ -38,6 +38,7 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.ends_seen: dict[str, int] = {}
         """The server's cumulative rollout end counts at the previous row."""
+        self.parse_errors_seen = 0
 
     def record(self, version: int, m: dict, step_t0: float, server: dict, buffer: dict) -> None:
         now = time.monotonic()
@@ -48,7 +49,9 @@ class MetricsLog:
                "dropped_stale_frac": buffer["dropped"].get("stale", 0) / max(buffer["received"], 1),
                "actors_connected": server["actors_connected"],
                "leases_outstanding": server["leases"]["outstanding"],
-               **self._ends(server["rollout_ends"])}
+               **self._ends(server["rollout_ends"]),
+               "tool_parse_errors": server["tool_parse_errors"] - self.parse_errors_seen}
+        self.parse_errors_seen = server["tool_parse_errors"]
         self.last_t = now
         self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
         self.file.write(json.dumps(row) + "\n")

@@ -77,6 +77,8 @@ class LearnerServer(threading.Thread):
         self.rollout_ends: Counter[str] = Counter()
         """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
         transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
+        self.tool_parse_errors = 0
+        """Model turns of accepted results whose tool calls did not parse."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -153,6 +155,7 @@ class LearnerServer(threading.Thread):
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
                 "rollout_ends": dict(self.rollout_ends),
+                "tool_parse_errors": self.tool_parse_errors,
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -413,6 +416,7 @@ class LearnerServer(threading.Thread):
         self.rollout_ends.update(
             "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
             for s in msg.samples)
+        self.tool_parse_errors += sum(s.tool_parse_errors for s in msg.samples)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

@@ -189,6 +189,8 @@ class Sample(msgspec.Struct, gc=False):
     reward: float
     error: str = ""
     finish: str = ""
+    tool_parse_errors: int = 0
+    """Model turns whose tool calls did not parse (actors/tool_parsers.py)."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
