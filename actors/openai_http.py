@@ -82,9 +82,9 @@ class HTTPServer:
     async def _stream(self, request: web.Request, session, turn, usage) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         chunks = stream_chunks(turn.cid, turn.deltas, turn.message, turn.finish, usage)
         try:
+            await resp.prepare(request)
             for chunk in chunks:
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")

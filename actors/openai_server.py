@@ -51,10 +51,11 @@ from typing import Callable
 import msgspec
 import numpy as np
 
-from actors.chat import ChatFormat, Message
+from actors.chat import ChatFormat, Message, Tools
 from actors.engine import Completion, LLMClient
 from actors.openai_http import HTTPServer
-from actors.openai_wire import ChatMessage, ChatRequest, HTTPError, NamedTool, message_key
+from actors.openai_wire import (ChatMessage, ChatRequest, HTTPError, NamedTool, message_key,
+                                tool_names)
 from actors.rollout import Finish, RewardFn, Rollout, RolloutTask
 from actors.tool_parsers import ParsedTurn, ParseFailure, TetherParser, ToolParser
 from actors.trajectory import TrajectoryBuilder
@@ -183,10 +184,10 @@ class OpenAIEndpoint:
                             req.tool_choice != "none")
 
     def _check_tools(self, s: Session, req: ChatRequest) -> list[dict] | None:
-        tools = msgspec.to_builtins(req.tools) if req.tools else None
+        tools = req.tools or None
         if s.keys and tools != s.tools:
             raise HTTPError(400, "tools must be the same in every call of a rollout")
-        names = [t["function"]["name"] for t in tools or []]
+        names = tool_names(tools or [])
         if isinstance(req.tool_choice, NamedTool) and req.tool_choice.function.get("name") not in names:
             raise HTTPError(400, f"tool_choice names an unknown tool "
                                  f"{req.tool_choice.function.get('name')!r} (tools: {names})")
@@ -237,7 +238,7 @@ class OpenAIEndpoint:
         message, finish = {"role": "assistant", "content": text}, c.finish_reason
         if parse and c.finish_reason == "stop":
             parsed = self.parser.parse(text)
-            names = {t["function"]["name"] for t in s.tools or []}
+            names = set(tool_names(s.tools or []))
             if isinstance(parsed, ParsedTurn) and any(f.name not in names for f in parsed.calls):
                 parsed = ParseFailure("a call names a tool not in the request's tools")
             if isinstance(parsed, ParseFailure):
@@ -302,8 +303,10 @@ class OpenAIAgent:
     """Runs your OpenAI-client function per sample and returns what the endpoint recorded."""
 
     def __init__(self, endpoint: OpenAIEndpoint, fn: UserAgent, reward_fn: RewardFn,
-                 threads: int = 64) -> None:
+                 threads: int = 64, tool_defs: Tools = None) -> None:
+        """`tool_defs`: the tools the task's prompts were rendered with (None: no tools)."""
         self.endpoint = endpoint
+        self.tool_defs = tool_defs
         self.fn = fn
         self.reward_fn = reward_fn
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="openai-agent")
@@ -311,7 +314,7 @@ class OpenAIAgent:
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         await self.endpoint.start()
         session = self.endpoint.open(task, llm)
-        messages = self.endpoint.chat.prompt_messages(task.prompt_ids)
+        messages = self.endpoint.chat.prompt_messages(task.prompt_ids, self.tool_defs)
         try:
             if inspect.iscoroutinefunction(self.fn):
                 await self.fn(session.base_url, messages)

@@ -70,9 +70,18 @@ class ChatRequest(msgspec.Struct):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    tools: list[ToolSpec] | None = None
+    tools: list[dict[str, Any]] | None = None
+    """As the client sent them: rendered by the chat template as they are (see `tool_names`)."""
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     user: str = ""
+
+
+def tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    """The function names of `tools`, after checking each entry is a ToolSpec."""
+    try:
+        return [t.function.name for t in msgspec.convert(tools, list[ToolSpec])]
+    except msgspec.ValidationError as e:
+        raise HTTPError(400, f"bad request body: tools: {e}") from None
 
 
 def message_key(m: ChatMessage) -> tuple:
