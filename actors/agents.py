@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.chat import make_chat_format
+from actors.environment import EnvironmentAgent, load_environment
 from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
 from actors.rollout import Agent
 from actors.single_turn import SingleTurnAgent
@@ -26,4 +27,9 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
+    if A.agent == "environment":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+                                  A.max_total_tokens, make_parser(A.tool_parser))
+        return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward),
+                                load_environment(A.environment))
     raise ValueError(f"unknown agent {A.agent!r}")

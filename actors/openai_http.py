@@ -11,6 +11,7 @@ error, aiohttp's own (404, 405, 413) included, is an OpenAI-style JSON error bod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -42,19 +43,24 @@ class HTTPServer:
         self.endpoint = endpoint
         self.port = port
         self.runner: web.AppRunner | None = None
+        self._starting = asyncio.Lock()
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[json_errors])
         app.router.add_post("/rollout/{rid}/v1/chat/completions", self.chat)
         app.router.add_post("/v1/chat/completions", self.chat)
         self.app = app
 
     async def start(self) -> None:
-        if self.runner is not None:
-            return
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = self.runner.addresses[0][1]
+        """Listen (once: concurrent and later calls wait for the first, then return)."""
+        async with self._starting:
+            if self.runner is None:
+                await self._listen()
+
+    async def _listen(self) -> None:
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self.runner = runner
+        self.port = runner.addresses[0][1]
         log.info("OpenAI-compatible endpoint on http://127.0.0.1:%s/rollout/<id>/v1", self.port)
 
     async def close(self) -> None:

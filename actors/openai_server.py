@@ -312,20 +312,32 @@ class OpenAIAgent:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="openai-agent")
 
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
+        session, _ = await self.serve(task, llm, self.fn)
+        ids = session.traj.context()[len(task.prompt_ids):]
+        return finished(session, self.reward_fn(task.meta, ids))
+
+    async def serve(self, task: RolloutTask, llm: LLMClient, fn: UserAgent) -> tuple[Session, object]:
+        """Open a session, run fn(base_url, messages) to its end, close it: the session and
+        what fn returned. Raises what failed the rollout (the engine, the chat format, a client
+        gone mid-stream) or what fn raised."""
         await self.endpoint.start()
         session = self.endpoint.open(task, llm)
         messages = self.endpoint.chat.prompt_messages(task.prompt_ids, self.tool_defs)
         try:
-            if inspect.iscoroutinefunction(self.fn):
-                await self.fn(session.base_url, messages)
+            if inspect.iscoroutinefunction(fn):
+                out = await fn(session.base_url, messages)
             else:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.fn,
-                                                                 session.base_url, messages)
+                out = await asyncio.get_running_loop().run_in_executor(self.pool, fn,
+                                                                       session.base_url, messages)
         finally:
             self.endpoint.close(session.rid)
         if session.error is not None:
             raise session.error
-        ids = session.traj.context()[len(task.prompt_ids):]
-        r = session.traj.rollout(self.reward_fn(task.meta, ids), session.finish_reason())
-        r.tool_parse_errors = session.tool_parse_errors
-        return r
+        return session, out
+
+
+def finished(session: Session, reward: float) -> Rollout:
+    """The session's trajectory as a rollout with `reward`."""
+    r = session.traj.rollout(reward, session.finish_reason())
+    r.tool_parse_errors = session.tool_parse_errors
+    return r

@@ -147,8 +147,8 @@ class ActorsConfig(Section):
     """vllm: most sequences the scheduler runs at once."""
     groups_per_request: Count = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
-    agent: Literal["single_turn", "tools", "openai"] = "single_turn"
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint)."""
+    agent: Literal["single_turn", "tools", "openai", "environment"] = "single_turn"
+    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint)."""
     tools: ToolList = "calc"
     """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
     max_turns: Count = 4
@@ -169,6 +169,8 @@ class ActorsConfig(Section):
     """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
     openai_agent: str = ""
     """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    environment: str = ""
+    """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
     sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
@@ -271,6 +273,8 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
     need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
          "module:function when actors.agent is openai", A.openai_agent)
+    need(A.agent != "environment" or ":" in A.environment, "actors.environment",
+         "module:attribute when actors.agent is environment", A.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",

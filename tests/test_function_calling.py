@@ -393,3 +393,17 @@ def test_a_client_that_disconnects_mid_stream_fails_its_rollout_and_the_endpoint
 
     r = asyncio.run(scenario())
     assert r.finish == "answer" and (r.loss_mask == 0).any()
+
+
+def test_concurrent_first_rollouts_wait_for_the_server_to_listen():
+    ep = endpoint()
+    agent = OpenAIAgent(ep, plain_agent, lambda meta, ids: float(ANSWER in TOK.decode(ids)),
+                        tool_defs=TOOLS)
+
+    async def go():
+        rs = await asyncio.gather(*(agent.run(task(i), ScriptedLLM([CALL, ANSWER]))
+                                    for i in range(4)))
+        await ep.close_server()
+        return rs
+
+    assert [r.reward for r in asyncio.run(go())] == [1.0] * 4
