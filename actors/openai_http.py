@@ -88,7 +88,8 @@ class HTTPServer:
     async def _stream(self, request: web.Request, session, turn, usage) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-        chunks = stream_chunks(turn.cid, turn.deltas, turn.message, turn.finish, usage)
+        chunks = stream_chunks(turn.cid, self.endpoint.deltas(turn), turn.message, turn.finish,
+                               usage)
         try:
             await resp.prepare(request)
             for chunk in chunks:

@@ -65,12 +65,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Turn:
-    """One answer: the assistant message, why it ended, the usage, per-token text deltas."""
+    """One answer: the assistant message, why it ended, the usage, the sampled ids."""
 
     message: dict
     finish: str
     usage: dict
-    deltas: list[str]
+    token_ids: np.ndarray
     cid: str
 
 
@@ -253,15 +253,17 @@ class OpenAIEndpoint:
                 finish = "tool_calls"
                 s.open_calls = [call["id"] for call in calls]
         s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
-        deltas = self._deltas(c.token_ids, text) if finish != "tool_calls" else [message["content"] or ""]
-        n = len(c.token_ids)
-        return Turn(message, finish, _usage(prompt_tokens, n), deltas,
+        return Turn(message, finish, _usage(prompt_tokens, len(c.token_ids)), c.token_ids,
                     f"chatcmpl-{s.rid}-{s.traj.turns}")
 
-    def _deltas(self, ids: np.ndarray, text: str) -> list[str]:
-        """The text each token adds (one delta for the whole text if a token's text is not a
-        clean extension, e.g. half a UTF-8 character)."""
-        out, prev = [], ""
+    def deltas(self, turn: Turn) -> list[str]:
+        """The content as stream deltas: the text each token adds (the whole content at once
+        for a turn with tool calls, or if a token's text is not a clean extension of the text
+        before it, e.g. half a UTF-8 character)."""
+        text = turn.message["content"] or ""
+        if turn.finish == "tool_calls":
+            return [text]
+        out, prev, ids = [], "", turn.token_ids
         for k in range(1, len(ids) + 1):
             cur = self.chat.text(ids[:k])
             if not cur.startswith(prev):
@@ -276,7 +278,7 @@ class OpenAIEndpoint:
         message = {"role": "assistant", "content": ""}
         s.rendered.append(message)
         s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
-        return Turn(message, "length", _usage(len(s.traj.context()), 0), [],
+        return Turn(message, "length", _usage(len(s.traj.context()), 0), np.zeros(0, np.int32),
                     f"chatcmpl-{s.rid}-{s.traj.turns}")
 
 

@@ -13,13 +13,14 @@ from configs.loader import load_config
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the preset's 120 steps; ~15 s/step on 2 cores shared by 4 runs
 def test_openai_function_calling_agent_learns_the_calculator_task(tmp_path):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     lp = procs.learner(run, tmp_path / "model", "actors.agent=openai",
                        "actors.openai_agent=actors.openai_tools_example:calculator_agent",
                        preset=preset)
-    s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=900)
+    s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=1700)
     print("openai function-calling agent: calculator eval reward", s["eval_reward_start"], "->",
           s["eval_reward_end"], "in", s["wall_seconds"], "s; tool_parse_errors",
           s["tool_parse_errors"])
