@@ -42,7 +42,7 @@ def bwrap_argv(bwrap: str, code: str) -> list[str]:
     python, prefix = interpreter()
     argv = [bwrap, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
             "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
-    if not prefix.startswith("/usr/"):
+    if prefix != "/usr" and not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",

@@ -407,3 +407,34 @@ def test_concurrent_first_rollouts_wait_for_the_server_to_listen():
         return rs
 
     assert [r.reward for r in asyncio.run(go())] == [1.0] * 4
+
+
+def test_a_chunked_request_body_on_a_kept_alive_connection_is_read():
+    ep = endpoint()
+    prompt = CHAT.prompt_messages(task().prompt_ids, TOOLS)
+
+    async def scenario():
+        await ep.start()
+        s = ep.open(task(), ScriptedLLM([CALL, ANSWER]))
+        body = json.dumps({"messages": prompt, "tools": TOOLS}).encode()
+        half = len(body) // 2
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:half], body[half:]))
+        path = f"/rollout/{s.rid}/v1/chat/completions".encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        writer.write(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                     b"Content-Type: application/json\r\n\r\n" + chunked + b"0\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        first = json.loads(await reader.readexactly(length))
+        # the same connection serves the next request (keep-alive): an unknown rollout, 404
+        writer.write(b"POST /rollout/nope/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 16\r\n\r\n{\"messages\": []}")
+        head2 = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        await ep.close_server()
+        return head, first, head2
+
+    head, first, head2 = asyncio.run(scenario())
+    assert head.startswith(b"HTTP/1.1 200") and first["choices"][0]["finish_reason"] == "tool_calls"
+    assert head2.startswith(b"HTTP/1.1 404")
