@@ -53,13 +53,20 @@ class EnvironmentAgent:
     def __init__(self, agent: OpenAIAgent, env: Environment) -> None:
         self.agent = agent
         self.env = env
+        self.client = None
+        """One AsyncOpenAI client (one connection pool) for every rollout, made on first use on
+        the actor's loop; each rollout gets a copy with its session's base URL."""
 
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
         import openai  # the `agents` extra
 
+        if self.client is None:
+            self.client = openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="-",
+                                             max_retries=0)
+
         async def episode(base_url: str, messages: list[dict]) -> tuple[list[dict], list[dict]]:
-            async with openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0) as client:
-                return messages, await self.env.rollout(client, "tether", list(messages), task.meta)
+            client = self.client.with_options(base_url=base_url)
+            return messages, await self.env.rollout(client, "tether", list(messages), task.meta)
 
         session, (messages, completion) = await self.agent.serve(task, llm, episode)
         reward = self.env.rubric(messages, completion, task.meta)
