@@ -53,3 +53,26 @@ def test_the_example_environments_rubric_scores_the_final_answer():
     assert np.isclose(env.rubric([], done, {"target": "928"}), 2 / 3)
     assert env.rubric([], [], {"target": "928"}) == 0.0
     assert asyncio.iscoroutinefunction(env.rollout)
+
+
+def test_the_environment_agent_records_the_endpoints_trajectory_and_scores_with_its_rubric():
+    from actors.environment import EnvironmentAgent
+    from actors.openai_server import OpenAIAgent, OpenAIEndpoint
+    from test_agents import ANSWER, CALL, CHAT, ScriptedLLM, rollout_task, tool_agent
+
+    endpoint = OpenAIEndpoint(CHAT, 0, max_turns=3, max_total_tokens=40)
+    agent = EnvironmentAgent(OpenAIAgent(endpoint, None, lambda meta, ids: -1.0), CalculatorEnv())
+
+    async def go():
+        rs = await asyncio.gather(*(agent.run(rollout_task(index=i), ScriptedLLM([CALL, ANSWER]))
+                                    for i in range(2)))
+        await endpoint.close_server()
+        await agent.client.close()
+        return rs
+
+    rollouts = asyncio.run(go())
+    direct = asyncio.run(tool_agent().run(rollout_task(), ScriptedLLM([CALL, ANSWER])))
+    for r in rollouts:
+        for field in ("completion_ids", "logprobs", "versions", "loss_mask"):
+            np.testing.assert_array_equal(getattr(r, field), getattr(direct, field))
+        assert r.reward == 1.0 and r.finish == "answer"  # the rubric's, not the task's -1.0
