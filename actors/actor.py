@@ -444,5 +444,6 @@ def _sample(index: int, r: Rollout | BaseException) -> m.Sample:
     return m.Sample(sample_index=index, completion_ids=m.Array.from_numpy(r.completion_ids),
                     logprobs=m.Array.from_numpy(r.logprobs), versions=m.Array.from_numpy(r.versions),
                     loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward, finish=r.finish,
-                    scores=r.scores)
+                    scores=r.scores,
+                    tool_parse_errors=r.tool_parse_errors)
 

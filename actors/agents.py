@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from actors.chat import make_chat_format
+from actors.environment import EnvironmentAgent, load_environment
 from actors.openai_server import OpenAIAgent, OpenAIEndpoint, load_user_agent
 from actors.rollout import Agent
 from actors.single_turn import SingleTurnAgent
 from actors.tool_agent import ToolAgent
+from actors.tool_parsers import make_parser
 from actors.tools import make_tools
 from configs.schema import TetherConfig
 
@@ -18,10 +20,16 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
         return SingleTurnAgent(task.reward)
     if A.agent == "tools":
         return ToolAgent(task.reward, make_chat_format(tokenizer),
-                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb),
-                         A.max_turns, A.max_total_tokens)
+                         make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
+                                    A.tool_max_procs),
+                         A.max_turns, A.max_total_tokens, make_parser(A.tool_parser))
     if A.agent == "openai":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
-                                  A.max_total_tokens)
+                                  A.max_total_tokens, make_parser(A.tool_parser))
         return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
+    if A.agent == "environment":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+                                  A.max_total_tokens, make_parser(A.tool_parser))
+        return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward),
+                                load_environment(A.environment))
     raise ValueError(f"unknown agent {A.agent!r}")

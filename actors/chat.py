@@ -36,6 +36,10 @@ from models.tiny import render_tool_result
 Message = dict[str, str]
 """{"role": "system" | "user" | "assistant" | "tool", "content": str}."""
 
+Tools = list[dict] | None
+"""OpenAI tool definitions (`{"type": "function", "function": {...}}`) for the chat template's
+`tools` argument, or None. The tiny format has no template and ignores them."""
+
 def encode(tokenizer, text: str) -> np.ndarray:
     return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int32)
 
@@ -43,17 +47,17 @@ def encode(tokenizer, text: str) -> np.ndarray:
 class ChatFormat(Protocol):
     tokenizer: object
 
-    def start(self, messages: list[Message]) -> np.ndarray:
+    def start(self, messages: list[Message], tools: Tools = None) -> np.ndarray:
         """Token ids of a conversation's first messages, ready for the first model turn."""
 
     def follow(self, history: list[Message], last_turn: np.ndarray,
-               new: list[Message]) -> np.ndarray:
+               new: list[Message], tools: Tools = None) -> np.ndarray:
         """Token ids that come after the model turn `last_turn` (sampled ids; its text is
         `history[-1]`) when the non-assistant messages `new` are added: the rest of the
         template's closing of that turn, the new messages, the next generation prompt."""
 
-    def prompt_messages(self, prompt_ids: np.ndarray) -> list[Message]:
-        """The task prompt as messages: `start(prompt_messages(ids))` gives `ids`."""
+    def prompt_messages(self, prompt_ids: np.ndarray, tools: Tools = None) -> list[Message]:
+        """The task prompt as messages: `start(prompt_messages(ids, tools), tools)` gives `ids`."""
 
     def text(self, ids: np.ndarray) -> str:
         """A model turn as text (special tokens left out), for parsing and for clients."""
@@ -77,11 +81,11 @@ class TinyChat:
         self.tokenizer = tokenizer
         self.bos = tokenizer.bos_token_id
 
-    def start(self, messages: list[Message]) -> np.ndarray:
+    def start(self, messages: list[Message], tools: Tools = None) -> np.ndarray:
         return np.concatenate([np.array([self.bos], dtype=np.int32), self._render(messages)])
 
     def follow(self, history: list[Message], last_turn: np.ndarray,
-               new: list[Message]) -> np.ndarray:
+               new: list[Message], tools: Tools = None) -> np.ndarray:
         return self._render(new)
 
     def _render(self, messages: list[Message]) -> np.ndarray:
@@ -96,7 +100,7 @@ class TinyChat:
                 raise ValueError(f"cannot render a {role!r} message: model turns keep their tokens")
         return np.concatenate(parts)
 
-    def prompt_messages(self, prompt_ids: np.ndarray) -> list[Message]:
+    def prompt_messages(self, prompt_ids: np.ndarray, tools: Tools = None) -> list[Message]:
         ids = np.asarray(prompt_ids)
         if ids.size and ids[0] == self.bos:
             ids = ids[1:]
@@ -125,8 +129,8 @@ class TemplateChat:
         self.closing = answered[len(prompt) + len(SENTINEL):]
         """What the template writes after an assistant message's content (ChatML: `<|im_end|>\\n`)."""
 
-    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+    def _render(self, messages: list[Message], generation_prompt: bool, tools: Tools = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 
     def _encode(self, text: str) -> np.ndarray:
@@ -137,21 +141,21 @@ class TemplateChat:
                           f"{what}; multi-turn rollouts need a template whose rendering of a "
                           "conversation starts with its rendering of every earlier turn")
 
-    def start(self, messages: list[Message]) -> np.ndarray:
+    def start(self, messages: list[Message], tools: Tools = None) -> np.ndarray:
         self._check_roles(messages)
-        return self._encode(self._render(messages, generation_prompt=True))
+        return self._encode(self._render(messages, generation_prompt=True, tools=tools))
 
     def follow(self, history: list[Message], last_turn: np.ndarray,
-               new: list[Message]) -> np.ndarray:
+               new: list[Message], tools: Tools = None) -> np.ndarray:
         self._check_roles(new)
         if not history or history[-1]["role"] != "assistant":
             raise ValueError("follow() continues after a model turn: history must end with it")
-        before = self._render(history, generation_prompt=False)
-        asked = self._render(history[:-1], generation_prompt=True)
+        before = self._render(history, generation_prompt=False, tools=tools)
+        asked = self._render(history[:-1], generation_prompt=True, tools=tools)
         if before != asked + history[-1]["content"] + self.closing:
             raise self._not_prefix_stable("the last model turn is not rendered as the "
                                           "generation prompt followed by its content")
-        after = self._render([*history, *new], generation_prompt=True)
+        after = self._render([*history, *new], generation_prompt=True, tools=tools)
         if not after.startswith(before):
             raise self._not_prefix_stable(f"adding {[m['role'] for m in new]} messages changes "
                                           "the rendering of the conversation so far")
@@ -172,17 +176,18 @@ class TemplateChat:
             if msg["role"] == "assistant":
                 raise ValueError("cannot render an 'assistant' message: model turns keep their tokens")
 
-    def prompt_messages(self, prompt_ids: np.ndarray) -> list[Message]:
-        """The one user message whose rendering is the prompt (checked token for token; its
-        content may not hold special tokens, e.g. a second message's markers)."""
+    def prompt_messages(self, prompt_ids: np.ndarray, tools: Tools = None) -> list[Message]:
+        """The one user message whose rendering (with `tools`) is the prompt (checked token for
+        token; its content may not hold special tokens, e.g. a second message's markers)."""
         text = self.tokenizer.decode([int(t) for t in prompt_ids], skip_special_tokens=False,
                                      clean_up_tokenization_spaces=False)
-        head, _, tail = self._render([{"role": "user", "content": SENTINEL}], True).partition(SENTINEL)
+        head, _, tail = self._render([{"role": "user", "content": SENTINEL}], True,
+                                     tools).partition(SENTINEL)
         content = text[len(head):len(text) - len(tail)]
         messages = [{"role": "user", "content": content}]
         specials = any(t in content for t in self.tokenizer.all_special_tokens)
         if specials or not (text.startswith(head) and text.endswith(tail)) or \
-                self.start(messages).tolist() != np.asarray(prompt_ids).tolist():
+                self.start(messages, tools).tolist() != np.asarray(prompt_ids).tolist():
             raise ValueError(f"the task prompt is not one user message under the chat template "
                              f"of {self.name!r}; agents that start from messages need such prompts")
         return messages

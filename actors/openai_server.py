@@ -3,19 +3,35 @@
     OpenAIAgent.run(task, llm)                      your agent (any OpenAI client, sync or async)
       open a session -> base_url ----------------->  fn(base_url, messages)
                                                        POST {base_url}/chat/completions
-      endpoint: check the messages extend the          <- {"choices": [{"message": ...}]}
-      conversation, render only the new ones
-      (mask 0), generate (mask 1), answer
+      endpoint: check the messages extend the          (tools, tool_choice, stream)
+      conversation, render only the new ones           <- message / tool_calls, or SSE chunks
+      (mask 0), generate (mask 1), parse tool calls
       fn returns -> close the session -> Rollout (reward from the task on the completion ids)
 
 Every rollout gets its own base URL, http://127.0.0.1:PORT/rollout/RID/v1, so each call is
 applied to that rollout's trajectory (a plain /v1/chat/completions with `"user": RID` works
 too). Assistant turns are kept as the sampled token ids, never re-tokenized: the client must
-send back the assistant messages exactly as it got them. The first call's messages must render
-to the task prompt (`messages` handed to your function are exactly that). `temperature`, if
-given, must be the task's (behavior logprobs must be those the learner assumes); `max_tokens`
-can only lower the per-turn limit. Past `max_turns` model turns or `max_total_tokens` tokens, an
-answer is empty with finish_reason "length". Only 127.0.0.1 is bound: the endpoint has no auth.
+send back the assistant messages exactly as it got them (content and tool_calls). The first
+call's messages (and `tools`, rendered by the chat template) must render to the task prompt
+(`messages` handed to your function are exactly that); later calls must send the same `tools`.
+
+Function calling: with `tools` (and `tool_choice` not "none"), a model turn that ended with its
+end-of-turn token is parsed by the configured parser (actors/tool_parsers.py) into
+`message.tool_calls` with finish_reason "tool_calls". A turn that does not parse, or calls a
+tool not in `tools`, is returned as plain content and counted (the rollout's
+`tool_parse_errors`). `role: "tool"` messages must answer an open call of the last assistant
+message by its `tool_call_id`; they are rendered by the chat format with mask 0. There is no
+constrained decoding: "required" and a named `tool_choice` are accepted but not enforced.
+
+Streaming (`stream: true`): server-sent events; the turn is generated whole, then sent as a role
+chunk, one content delta per token, the tool calls, the finish reason, a usage chunk and
+`[DONE]`. A client that disconnects mid-stream fails its rollout (the turn it did not see is in
+the trajectory); the actor goes on.
+
+`temperature`, if given, must be the task's; `max_tokens` can only lower the per-turn limit.
+Past `max_turns` model turns or `max_total_tokens` tokens, an answer is empty with finish_reason
+"length". Only 127.0.0.1 is bound: the endpoint has no auth. Bodies over 1 MiB get 413.
+The HTTP server is aiohttp's, on the actor's event loop (actors/openai_http.py).
 
 Your function runs in its own thread pool (sync) or on the actor's loop (async), never in the
 engine's worker threads, so a blocking client cannot starve generation.
@@ -27,50 +43,35 @@ import asyncio
 import importlib
 import inspect
 import itertools
-import json
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable
 
 import msgspec
 import numpy as np
 
-from actors.chat import ChatFormat
+from actors.chat import ChatFormat, Message, Tools
 from actors.engine import Completion, LLMClient
+from actors.openai_http import HTTPServer
+from actors.openai_wire import (ChatMessage, ChatRequest, HTTPError, NamedTool, message_key,
+                                tool_names)
 from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
+from actors.tool_parsers import ParsedTurn, ParseFailure, TetherParser, ToolParser
 from actors.trajectory import TrajectoryBuilder
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 1 << 20
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-           413: "Payload Too Large", 500: "Internal Server Error"}
 
+@dataclass
+class Turn:
+    """One answer: the assistant message, why it ended, the usage, the sampled ids."""
 
-class ChatMessage(msgspec.Struct):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-
-
-class ChatRequest(msgspec.Struct):
-    """The fields of an OpenAI chat-completions request that are honoured (others are ignored)."""
-
-    messages: list[ChatMessage]
-    model: str = ""
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    n: int = 1
-    stream: bool = False
-    user: str = ""
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    message: dict
+    finish: str
+    usage: dict
+    token_ids: np.ndarray
+    cid: str
 
 
 @dataclass
@@ -82,11 +83,18 @@ class Session:
     llm: LLMClient
     traj: TrajectoryBuilder
     base_url: str
-    history: list[tuple[str, str]] = field(default_factory=list)
-    """(role, content) of every message seen so far, with our answers."""
+    keys: list[tuple] = field(default_factory=list)
+    """message_key of every message so far, our answers included (what clients must repeat)."""
+    rendered: list[Message] = field(default_factory=list)
+    """The same messages as the chat format sees them (assistant: the turn's whole text)."""
+    tools: list[dict] | None = None
+    """The first call's `tools`; every later call must send the same."""
+    open_calls: list[str] = field(default_factory=list)
+    """ids of the last turn's tool calls that no tool message has answered yet."""
+    tool_parse_errors: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     error: BaseException | None = None
-    """An engine or chat-format failure while answering: fails the rollout."""
+    """An engine or chat-format failure, or a client gone mid-stream: fails the rollout."""
     last_turn: Completion | None = None
     """The newest model turn as generated."""
     finish: Finish | None = None
@@ -102,29 +110,26 @@ class Session:
 
 
 class OpenAIEndpoint:
-    def __init__(self, chat: ChatFormat, port: int, max_turns: int, max_total_tokens: int) -> None:
+    def __init__(self, chat: ChatFormat, port: int, max_turns: int, max_total_tokens: int,
+                 parser: ToolParser | None = None) -> None:
         self.chat = chat
-        self.port = port
+        self.parser = parser or TetherParser()
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
         self.sessions: dict[str, Session] = {}
         self._ids = itertools.count()
-        self._server: asyncio.Server | None = None
-        self._starting = asyncio.Lock()
+        self.http = HTTPServer(self, port)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
 
     async def start(self) -> None:
         """Listen on 127.0.0.1 (once; later calls return at once)."""
-        async with self._starting:
-            if self._server is None:
-                self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-                self.port = self._server.sockets[0].getsockname()[1]
-                log.info("OpenAI-compatible endpoint on http://127.0.0.1:%s/rollout/<id>/v1",
-                         self.port)
+        await self.http.start()
 
     async def close_server(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        await self.http.close()
 
     def open(self, task: RolloutTask, llm: LLMClient) -> Session:
         rid = f"{task.prompt_id}-{task.sample_index}-{next(self._ids)}"
@@ -137,126 +142,153 @@ class OpenAIEndpoint:
     def close(self, rid: str) -> Session:
         return self.sessions.pop(rid)
 
-    # ------------------------------------------------------------ HTTP
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await self._respond(reader, writer)
-        except asyncio.CancelledError:
-            # The actor is stopping and its loop cancels every task, at any await of this one
-            # (reading, generating, writing or closing). This task is the server's, awaited by no
-            # one, so it ends quietly (Python 3.11's start_server would log a cancelled
-            # connection handler as an error); the client sees the connection close.
-            writer.close()
-
-    async def _respond(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            status, payload = 200, await self._route(reader)
-        except HTTPError as e:
-            status = e.status
-            payload = {"error": {"message": str(e), "type": "invalid_request_error", "code": status}}
-        data = json.dumps(payload).encode()
-        writer.write(f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
-        await writer.drain()
-        writer.close()
-        await writer.wait_closed()
-
-    async def _route(self, reader: asyncio.StreamReader) -> dict:
-        method, _, rest = (await reader.readline()).decode("latin-1").partition(" ")
-        path = rest.split(" ")[0]
-        length = 0
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value.strip()) if value.strip().isdigit() else -1
-        if length < 0 or length > MAX_BODY_BYTES:
-            raise HTTPError(413, f"body must have a Content-Length of at most {MAX_BODY_BYTES}")
-        body = await reader.readexactly(length)
-        parts = path.strip("/").split("/")
-        if parts[-3:] != ["v1", "chat", "completions"] or len(parts) not in (3, 5) or \
-                (len(parts) == 5 and parts[0] != "rollout"):
-            raise HTTPError(404, f"no route {path!r}; use POST /rollout/<id>/v1/chat/completions")
-        if method != "POST":
-            raise HTTPError(405, "use POST")
-        try:
-            req = msgspec.json.decode(body, type=ChatRequest)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise HTTPError(400, f"bad request body: {e}") from None
-        rid = parts[1] if len(parts) == 5 else req.user
-        session = self.sessions.get(rid)
-        if session is None:
+    def session(self, rid: str) -> Session:
+        s = self.sessions.get(rid)
+        if s is None:
             raise HTTPError(404, f"no open rollout {rid!r}")
-        async with session.lock:
-            return await self._complete(session, req)
+        return s
 
     # ------------------------------------------------------------ one call
-    async def _complete(self, s: Session, req: ChatRequest) -> dict:
+    async def complete(self, s: Session, req: ChatRequest) -> Turn:
         task, traj = s.task, s.traj
-        if req.n != 1 or req.stream:
-            raise HTTPError(400, "only n=1 and stream=false are supported")
+        if req.n != 1:
+            raise HTTPError(400, "only n=1 is supported")
         if req.temperature is not None and req.temperature != task.temperature:
             raise HTTPError(400, f"temperature must be {task.temperature} (the task's) or absent")
-        msgs = [(m.role, m.content) for m in req.messages]
-        if msgs[:len(s.history)] != s.history:
-            raise HTTPError(400, "messages must repeat the conversation so far, assistant "
-                                 "messages exactly as returned")
-        new = msgs[len(s.history):]
-        if not new or any(role == "assistant" for role, _ in new):
-            raise HTTPError(400, "a call must add at least one message and no assistant message")
+        tools = self._check_tools(s, req)
+        new = self._new_messages(s, req.messages)
         if s.finish is not None:  # a limit was reached: every further call gets an empty answer
             return self._refuse(s, new)
-        rendered = self._render(s, new)
-        if not s.history and rendered.tolist() != task.prompt_ids.tolist():
-            raise HTTPError(400, "the first messages must be the task prompt as given")
+        rendered = self._render(s, new, tools)
+        if not s.keys and rendered.tolist() != task.prompt_ids.tolist():
+            raise HTTPError(400, "the first messages (and tools) must be the task prompt as given")
         limit = min(task.max_new_tokens, req.max_tokens or task.max_new_tokens,
                     req.max_completion_tokens or task.max_new_tokens)
         room = traj.remaining - (len(rendered) if traj.turns else 0)
         if traj.turns >= self.max_turns or room < 1:
             s.finish = Finish.MAX_TURNS if traj.turns >= self.max_turns else Finish.MAX_TOKENS
             return self._refuse(s, new)
-        s.history.extend(new)
+        self._accept(s, new)
         if traj.turns:
             traj.add_environment(rendered)
+        prompt_tokens = len(traj.context())
         try:
             c = await s.llm.generate(traj.context(), min(limit, traj.remaining), task.temperature,
                                      task.seed(traj.turns))
         except Exception as e:  # the engine failed: the rollout fails with this error
             s.error = e
             raise HTTPError(500, f"generation failed: {e!r}") from None
-        prompt_tokens = len(traj.context())
         traj.add_model(c)
         s.last_turn = c
-        text = self.chat.text(c.token_ids)
-        s.history.append(("assistant", text))
-        return _response(s, prompt_tokens, text, len(c.token_ids), c.finish_reason)
+        return self._answer(s, c, prompt_tokens, parse=tools is not None and
+                            req.tool_choice != "none")
 
-    def _render(self, s: Session, new: list[tuple[str, str]]) -> np.ndarray:
+    def _check_tools(self, s: Session, req: ChatRequest) -> list[dict] | None:
+        tools = req.tools or None
+        if s.keys and tools != s.tools:
+            raise HTTPError(400, "tools must be the same in every call of a rollout")
+        names = tool_names(tools or [])
+        if isinstance(req.tool_choice, NamedTool) and req.tool_choice.function.get("name") not in names:
+            raise HTTPError(400, f"tool_choice names an unknown tool "
+                                 f"{req.tool_choice.function.get('name')!r} (tools: {names})")
+        if req.tool_choice not in (None, "none", "auto") and not names:
+            raise HTTPError(400, "tool_choice needs tools")
+        s.tools = tools
+        return tools
+
+    def _new_messages(self, s: Session, messages: list[ChatMessage]) -> list[ChatMessage]:
+        keys = [message_key(m) for m in messages]
+        if keys[:len(s.keys)] != s.keys:
+            raise HTTPError(400, "messages must repeat the conversation so far, assistant "
+                                 "messages exactly as returned (content and tool_calls)")
+        new = messages[len(s.keys):]
+        if not new or any(m.role == "assistant" for m in new):
+            raise HTTPError(400, "a call must add at least one message and no assistant message")
+        open_calls = list(s.open_calls)
+        for m in new:
+            if m.role != "tool" or (m.tool_call_id is None and not s.open_calls):
+                continue  # a tool message without an id answers a turn without tool_calls
+            if m.tool_call_id not in open_calls:
+                raise HTTPError(400, f"tool message with tool_call_id {m.tool_call_id!r} answers "
+                                     f"no open call of the last assistant message "
+                                     f"(open: {open_calls})")
+            open_calls.remove(m.tool_call_id)
+        return new
+
+    def _accept(self, s: Session, new: list[ChatMessage]) -> None:
+        s.keys.extend(message_key(m) for m in new)
+        s.rendered.extend(_as_template(m) for m in new)
+        answered = {m.tool_call_id for m in new if m.role == "tool"}
+        s.open_calls = [c for c in s.open_calls if c not in answered]
+
+    def _render(self, s: Session, new: list[ChatMessage], tools: list[dict] | None) -> np.ndarray:
         """Token ids of the new messages (after the last model turn, if any)."""
-        as_dicts = lambda pairs: [{"role": r, "content": c} for r, c in pairs]  # noqa: E731
+        msgs = [_as_template(m) for m in new]
         try:
             if s.last_turn is None:
-                return self.chat.start(as_dicts(new))
-            return self.chat.follow(as_dicts(s.history), s.last_turn.token_ids, as_dicts(new))
+                return self.chat.start(msgs, tools)
+            return self.chat.follow(s.rendered, s.last_turn.token_ids, msgs, tools)
         except ValueError as e:  # the chat format cannot continue this conversation
             s.error = e
             raise HTTPError(400, str(e)) from None
 
-    @staticmethod
-    def _refuse(s: Session, new: list[tuple[str, str]]) -> dict:
+    def _answer(self, s: Session, c: Completion, prompt_tokens: int, parse: bool) -> Turn:
+        text = self.chat.text(c.token_ids)
+        s.rendered.append({"role": "assistant", "content": text})
+        message, finish = {"role": "assistant", "content": text}, c.finish_reason
+        if parse and c.finish_reason == "stop":
+            parsed = self.parser.parse(text)
+            names = set(tool_names(s.tools or []))
+            if isinstance(parsed, ParsedTurn) and any(f.name not in names for f in parsed.calls):
+                parsed = ParseFailure("a call names a tool not in the request's tools")
+            if isinstance(parsed, ParseFailure):
+                s.tool_parse_errors += 1
+                log.info("rollout %s turn %d: tool call did not parse (%s); returned as content",
+                         s.rid, s.traj.turns, parsed.message)
+            elif parsed.calls:
+                calls = [{"id": f"call_{s.rid}_{s.traj.turns}_{k}", "type": "function",
+                          "function": {"name": f.name, "arguments": f.arguments}}
+                         for k, f in enumerate(parsed.calls)]
+                message = {"role": "assistant", "content": parsed.content, "tool_calls": calls}
+                finish = "tool_calls"
+                s.open_calls = [call["id"] for call in calls]
+        s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
+        return Turn(message, finish, _usage(prompt_tokens, len(c.token_ids)), c.token_ids,
+                    f"chatcmpl-{s.rid}-{s.traj.turns}")
+
+    def deltas(self, turn: Turn) -> list[str]:
+        """The content as stream deltas: the text each token adds (the whole content at once
+        for a turn with tool calls, or if a token's text is not a clean extension of the text
+        before it, e.g. half a UTF-8 character)."""
+        text = turn.message["content"] or ""
+        if turn.finish == "tool_calls":
+            return [text]
+        out, prev, ids = [], "", turn.token_ids
+        for k in range(1, len(ids) + 1):
+            cur = self.chat.text(ids[:k])
+            if not cur.startswith(prev):
+                return [text]
+            out.append(cur[len(prev):])
+            prev = cur
+        return out if prev == text else [text]
+
+    def _refuse(self, s: Session, new: list[ChatMessage]) -> Turn:
         """Past a limit: an empty answer with finish_reason "length" (nothing is recorded)."""
-        s.history.extend(new)
-        s.history.append(("assistant", ""))
-        return _response(s, len(s.traj.context()), "", 0, "length")
+        self._accept(s, new)
+        message = {"role": "assistant", "content": ""}
+        s.rendered.append(message)
+        s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
+        return Turn(message, "length", _usage(len(s.traj.context()), 0), np.zeros(0, np.int32),
+                    f"chatcmpl-{s.rid}-{s.traj.turns}")
 
 
-def _response(s: Session, prompt_tokens: int, text: str, completion_tokens: int,
-              finish: str) -> dict:
-    return {"id": f"chatcmpl-{s.rid}-{s.traj.turns}", "object": "chat.completion",
-            "created": int(time.time()), "model": "tether",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": finish}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+def _as_template(m: ChatMessage) -> Message:
+    return {"role": m.role, "content": m.content or ""}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 UserAgent = Callable[[str, list[dict[str, str]]], object]
@@ -273,28 +305,43 @@ class OpenAIAgent:
     """Runs your OpenAI-client function per sample and returns what the endpoint recorded."""
 
     def __init__(self, endpoint: OpenAIEndpoint, fn: UserAgent, reward_fn: RewardFn,
-                 threads: int = 64) -> None:
+                 threads: int = 64, tool_defs: Tools = None) -> None:
+        """`tool_defs`: the tools the task's prompts were rendered with (None: no tools)."""
         self.endpoint = endpoint
+        self.tool_defs = tool_defs
         self.fn = fn
         self.reward_fn = reward_fn
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="openai-agent")
 
     async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
+        session, _ = await self.serve(task, llm, self.fn)
+        ids = session.traj.context()[len(task.prompt_ids):]
+        reward, scores = await score(self.reward_fn, task.meta, ids)
+        return finished(session, reward, scores)
+
+    async def serve(self, task: RolloutTask, llm: LLMClient, fn: UserAgent) -> tuple[Session, object]:
+        """Open a session, run fn(base_url, messages) to its end, close it: the session and
+        what fn returned. Raises what failed the rollout (the engine, the chat format, a client
+        gone mid-stream) or what fn raised."""
         await self.endpoint.start()
         session = self.endpoint.open(task, llm)
-        messages = self.endpoint.chat.prompt_messages(task.prompt_ids)
+        messages = self.endpoint.chat.prompt_messages(task.prompt_ids, self.tool_defs)
         try:
-            if inspect.iscoroutinefunction(self.fn):
-                await self.fn(session.base_url, messages)
+            if inspect.iscoroutinefunction(fn):
+                out = await fn(session.base_url, messages)
             else:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.fn,
-                                                                 session.base_url, messages)
+                out = await asyncio.get_running_loop().run_in_executor(self.pool, fn,
+                                                                       session.base_url, messages)
         finally:
             self.endpoint.close(session.rid)
         if session.error is not None:
             raise session.error
-        ids = session.traj.context()[len(task.prompt_ids):]
-        reward, scores = await score(self.reward_fn, task.meta, ids)
-        rollout = session.traj.rollout(reward, session.finish_reason())
-        rollout.scores = scores
-        return rollout
+        return session, out
+
+
+def finished(session: Session, reward: float, scores: dict | None = None) -> Rollout:
+    """The session's trajectory as a rollout with `reward` (and its named `scores`)."""
+    r = session.traj.rollout(reward, session.finish_reason())
+    r.scores = scores or {}
+    r.tool_parse_errors = session.tool_parse_errors
+    return r

@@ -69,6 +69,8 @@ class Rollout:
     """Why it ended: a `Finish` value ("" = the agent does not say). Reported to the learner."""
     scores: dict[str, float] = field(default_factory=dict)
     """Named scores of the reward (tasks/rewards.py), logged by the learner; {} for plain rewards."""
+    tool_parse_errors: int = 0
+    """Model turns whose tool calls did not parse (actors/tool_parsers.py). Reported to the learner."""
 
 
 class Agent(Protocol):

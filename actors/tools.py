@@ -16,6 +16,7 @@ fails the rollout, which the learner counts as an agent error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import re
@@ -24,7 +25,11 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+from actors.sandbox import bwrap_argv, find_bwrap
+
+log = logging.getLogger(__name__)
 
 CALL = re.compile(r"\s*<call>\s*([A-Za-z_][A-Za-z0-9_]*)(?:\s+(.*?))?\s*</call>\s*", re.DOTALL)
 
@@ -63,6 +68,8 @@ def parse_call(text: str) -> ToolCall | CallError | None:
 
 class Tool(Protocol):
     name: str
+    description: str
+    """One line for the model (the tool's OpenAI definition, rendered by chat templates)."""
 
     async def run(self, argument: str) -> str:
         """The answer to show the model; raise ToolError for a bad call. May be cancelled (timeout)."""
@@ -74,6 +81,13 @@ class ToolRegistry:
     def __init__(self, tools: list[Tool], timeout_s: float) -> None:
         self.tools = {t.name: t for t in tools}
         self.timeout_s = timeout_s
+
+    def definitions(self) -> list[dict]:
+        """The tools as OpenAI function definitions: one string parameter, `argument`."""
+        return [{"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            "parameters": {"type": "object", "properties": {"argument": {"type": "string"}},
+                           "required": ["argument"]}}} for t in self.tools.values()]
 
     async def call(self, call: ToolCall | CallError) -> str:
         if isinstance(call, CallError):
@@ -95,6 +109,7 @@ class Calculator:
     The result is written digit by digit, which word-level tokenizers need."""
 
     name = "calc"
+    description = "Sum of non-negative integers joined by +, e.g. 1 2 + 3 4."
 
     async def run(self, argument: str) -> str:
         expr = "".join(argument.split())
@@ -106,14 +121,36 @@ class Calculator:
 class PythonTool:
     """Runs the argument as a Python program in a subprocess (isolated mode, own session) with
     limits on address space, CPU time and file size; the registry's timeout bounds wall time,
-    and a cancelled call kills the process group. Answers with stdout, or an error message."""
+    and a cancelled call kills the process group. Answers with stdout, or an error message.
+
+    sandbox="bwrap" (the default) runs it inside bubblewrap (actors/sandbox.py), with a process
+    limit too, and refuses to start without bwrap. sandbox="rlimits" is the limits alone: the
+    code can read every file the actor can, reach the network and write anywhere (unsafe)."""
 
     name = "python"
+    description = "Run a Python program; the answer is what it prints."
 
-    def __init__(self, cpu_s: float, memory_mb: int, file_mb: int = 16) -> None:
+    def __init__(self, cpu_s: float, memory_mb: int, file_mb: int = 16,
+                 sandbox: Literal["bwrap", "rlimits"] = "bwrap", max_procs: int = 16) -> None:
         self.cpu_s = max(1, math.ceil(cpu_s))
         self.memory_bytes = memory_mb * 1024 * 1024
         self.file_bytes = file_mb * 1024 * 1024
+        self.sandbox = sandbox
+        self.max_procs = max_procs
+        self.bwrap = find_bwrap() if sandbox == "bwrap" else None
+        if sandbox == "bwrap" and self.bwrap is None:
+            raise RuntimeError("the python tool needs bubblewrap (`bwrap` on PATH; Debian/Ubuntu: "
+                               "apt-get install bubblewrap), or actors.python_sandbox=rlimits to "
+                               "run model-written code without a sandbox (unsafe)")
+        if sandbox == "rlimits":
+            log.warning("python tool without a sandbox (actors.python_sandbox=rlimits): "
+                        "model-written code can read the actor's files (CURVE keys), reach the "
+                        "network and write anywhere the actor can")
+
+    def argv(self, code: str) -> list[str]:
+        if self.bwrap is not None:
+            return bwrap_argv(self.bwrap, code)
+        return [sys.executable, "-I", "-c", code]
 
     def _limit(self) -> None:
         """Runs in the child between fork and exec."""
@@ -121,12 +158,14 @@ class PythonTool:
         # SIGXCPU at the soft limit; the kernel's SIGKILL one second later if it is ignored
         resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_bytes, self.file_bytes))
+        if self.bwrap is not None:  # applies to the sandboxed code's uid (actors/sandbox.py)
+            resource.setrlimit(resource.RLIMIT_NPROC, (self.max_procs, self.max_procs))
 
     async def run(self, argument: str) -> str:
         # Output goes to files (capped by RLIMIT_FSIZE), so a chatty program cannot fill our memory.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-c", argument, stdin=asyncio.subprocess.DEVNULL,
+                *self.argv(argument), stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=err, preexec_fn=self._limit, start_new_session=True)
             try:
                 rc = await proc.wait()
@@ -138,6 +177,8 @@ class PythonTool:
             err.seek(0)
             stdout = out.read(OUTPUT_CHARS).decode(errors="replace").strip()
             stderr = err.read(64 * 1024).decode(errors="replace").strip()
+        if self.bwrap is not None and rc > 128:  # bwrap exits 128 + N when its child got signal N
+            rc = 128 - rc
         if rc < 0:
             name = signal.Signals(-rc).name
             why = {"SIGXCPU": "cpu time limit", "SIGXFSZ": "file size limit"}.get(name, "signal")
@@ -148,7 +189,9 @@ class PythonTool:
         return stdout
 
 
-def make_tools(names: str, timeout_s: float, memory_mb: int) -> ToolRegistry:
+def make_tools(names: str, timeout_s: float, memory_mb: int, sandbox: str = "bwrap",
+               max_procs: int = 16) -> ToolRegistry:
     """The registry for `actors.tools` (comma-separated names, checked by the config)."""
-    made = {"calc": Calculator, "python": lambda: PythonTool(timeout_s, memory_mb)}
+    made = {"calc": Calculator,
+            "python": lambda: PythonTool(timeout_s, memory_mb, sandbox=sandbox, max_procs=max_procs)}
     return ToolRegistry([made[n.strip()]() for n in names.split(",")], timeout_s)

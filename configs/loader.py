@@ -210,3 +210,5 @@ def setup_process(tag: str) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(levelname)s %(message)s")
+    for name in ("httpx", "httpx2"):  # OpenAI-client agents: a line per call
+        logging.getLogger(name).setLevel(logging.WARNING)

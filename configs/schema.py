@@ -229,8 +229,8 @@ class ActorsConfig(Section):
     """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
     groups_per_request: Count = 2
     """Leases an actor asks for at once; their samples are generated as one batch."""
-    agent: Literal["single_turn", "tools", "openai"] = "single_turn"
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint)."""
+    agent: Literal["single_turn", "tools", "openai", "environment"] = "single_turn"
+    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint)."""
     tools: ToolList = "calc"
     """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
     max_turns: Count = 4
@@ -241,10 +241,18 @@ class ActorsConfig(Section):
     """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
     tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
     """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
+    python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
+    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start without bwrap) | rlimits (limits only: unsafe)."""
+    tool_max_procs: Count = 16
+    """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
+    tool_parser: Literal["tether", "hermes"] = "tether"
+    """How a model turn's tool calls are parsed (tools and openai agents): tether (`<call> NAME ARG </call>`, the tiny models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
     openai_port: Port = 0
     """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
     openai_agent: str = ""
     """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    environment: str = ""
+    """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
     sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
     """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
     sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
@@ -365,6 +373,8 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
     need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
          "module:function when actors.agent is openai", A.openai_agent)
+    need(A.agent != "environment" or ":" in A.environment, "actors.environment",
+         "module:attribute when actors.agent is environment", A.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",

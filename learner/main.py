@@ -325,6 +325,7 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
                    "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
+        "tool_parse_errors": snap["tool_parse_errors"],
         "accounting_ok": accounted == lc["granted"],
         "metrics_summary": st.metrics.summary(),
     }

@@ -40,6 +40,7 @@ class MetricsLog:
         """The server's cumulative rollout end counts at the previous row."""
         self.scores_seen: dict[str, float] = {}
         """The server's cumulative named reward score sums at the previous row."""
+        self.parse_errors_seen = 0
 
     def record(self, version: int, m: dict, step_t0: float, server: dict, buffer: dict) -> None:
         now = time.monotonic()
@@ -50,7 +51,9 @@ class MetricsLog:
                "dropped_stale_frac": buffer["dropped"].get("stale", 0) / max(buffer["received"], 1),
                "actors_connected": server["actors_connected"],
                "leases_outstanding": server["leases"]["outstanding"],
-               **self._ends(server["rollout_ends"]), **self._scores(server["reward_scores"])}
+               **self._ends(server["rollout_ends"]), **self._scores(server["reward_scores"]),
+               "tool_parse_errors": server["tool_parse_errors"] - self.parse_errors_seen}
+        self.parse_errors_seen = server["tool_parse_errors"]
         self.last_t = now
         self.rows.append({k: row[k] for k in ("step", "time_s", "reward_mean", "staleness_mean")})
         self.file.write(json.dumps(row) + "\n")

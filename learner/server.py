@@ -81,6 +81,8 @@ class LearnerServer(threading.Thread):
         transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
         self.reward_scores: Counter[str] = Counter()
         """Sums of the named reward scores over the same rollouts, and `samples` scored."""
+        self.tool_parse_errors = 0
+        """Model turns of accepted results whose tool calls did not parse."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -158,6 +160,7 @@ class LearnerServer(threading.Thread):
                 "disconnects": dict(self.disconnects),
                 "rollout_ends": dict(self.rollout_ends),
                 "reward_scores": dict(self.reward_scores),
+                "tool_parse_errors": self.tool_parse_errors,
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -430,6 +433,7 @@ class LearnerServer(threading.Thread):
             if s.scores:
                 self.reward_scores["samples"] += 1
                 self.reward_scores.update({k: v for k, v in s.scores.items() if math.isfinite(v)})
+        self.tool_parse_errors += sum(s.tool_parse_errors for s in msg.samples)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

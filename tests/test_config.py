@@ -69,6 +69,10 @@ def test_bad_overrides_name_the_field(override, expected):
     (["actors.agent=openai"], "actors.openai_agent must be module:function when actors.agent is openai"),
     (["actors.agent=openai", "actors.openai_agent=my_agent"], "actors.openai_agent must be module:function"),
     (["actors.max_turns=two"], "actors.max_turns must be int, got 'two'"),
+    (["actors.agent=environment"], "actors.environment must be module:attribute when actors.agent is environment"),
+    (["actors.tool_parser=qwen"], "actors.tool_parser must be one of tether, hermes"),
+    (["actors.python_sandbox=docker"], "actors.python_sandbox must be one of bwrap, rlimits"),
+    (["actors.tool_max_procs=0"], "actors.tool_max_procs must be >= 1, got 0"),
 ])
 def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")

@@ -20,7 +20,7 @@ PRESET = ROOT / "configs" / "toy_reverse.yaml"
 STEP = {"tokens": 64, "reward_mean": 0.5, "staleness_mean": 0.25, "staleness_max": 1,
         "clip_frac": 0.0, "kl_behavior_prox_k3": 1e-4}
 SERVER = {"actors_connected": 2, "leases": {"outstanding": 3}, "rollout_ends": {"answer": 4},
-          "reward_scores": {}}
+          "reward_scores": {}, "tool_parse_errors": 0}
 BUFFER = {"size": 1, "capacity": 32, "dropped": {"stale": 1}, "received": 10}
 
 

@@ -194,6 +194,8 @@ class Sample(msgspec.Struct, gc=False):
     finish: str = ""
     scores: dict[str, float] = msgspec.field(default_factory=dict)
     """Named scores of the reward (e.g. correct, tokens, reward_timeout), logged by the learner."""
+    tool_parse_errors: int = 0
+    """Model turns whose tool calls did not parse (actors/tool_parsers.py)."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):

@@ -1,0 +1,75 @@
+"""Ecosystem environments as the agent (`actors.agent=environment`), over the OpenAI-client path.
+
+    actors.environment = "package.module:ENV"      an object (or a zero-argument factory) with
+
+        async def rollout(self, client: openai.AsyncOpenAI, model: str,
+                          messages: list[dict], meta: dict) -> list[dict]
+            plays one episode through `client` (its own tools, turns, parsing) and returns the
+            completion messages (what it added after `messages`)
+        def rubric(self, messages: list[dict], completion: list[dict], meta: dict) -> float
+            the reward (may be async)
+
+    EnvironmentAgent.run(task, llm)
+      open an endpoint session -> AsyncOpenAI(base_url of the session)
+      env.rollout(client, "tether", prompt messages, task.meta)    every model call recorded
+      close -> reward = env.rubric(...) -> Rollout (token ids, masks, versions from the endpoint)
+
+This is the shape in which verifiers environments run their episodes (an OpenAI client, a
+model name, the prompt, the row's info) and score them (a rubric over the conversation). The
+verifiers package itself is not used: see docs/agents.md ("verifiers") for why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Protocol
+
+from actors.engine import LLMClient
+from actors.openai_server import OpenAIAgent, finished
+from actors.rollout import Rollout, RolloutTask
+
+
+class Environment(Protocol):
+    async def rollout(self, client, model: str, messages: list[dict], meta: dict) -> list[dict]: ...
+
+    def rubric(self, messages: list[dict], completion: list[dict], meta: dict) -> float: ...
+
+
+def load_environment(spec: str) -> Environment:
+    """`package.module:attribute` -> the environment (a class or factory is called once)."""
+    module, _, name = spec.partition(":")
+    obj = getattr(importlib.import_module(module), name)
+    env = obj() if inspect.isclass(obj) or inspect.isfunction(obj) else obj
+    for method in ("rollout", "rubric"):
+        if not callable(getattr(type(env), method, None)):
+            raise ValueError(f"actors.environment {spec!r} has no {method}() method")
+    return env
+
+
+class EnvironmentAgent:
+    """Runs the environment's episode through the endpoint; its rubric gives the reward."""
+
+    def __init__(self, agent: OpenAIAgent, env: Environment) -> None:
+        self.agent = agent
+        self.env = env
+        self.client = None
+        """One AsyncOpenAI client (one connection pool) for every rollout, made on first use on
+        the actor's loop; each rollout gets a copy with its session's base URL."""
+
+    async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
+        import openai  # the `agents` extra
+
+        if self.client is None:
+            self.client = openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="-",
+                                             max_retries=0)
+
+        async def episode(base_url: str, messages: list[dict]) -> tuple[list[dict], list[dict]]:
+            client = self.client.with_options(base_url=base_url)
+            return messages, await self.env.rollout(client, "tether", list(messages), task.meta)
+
+        session, (messages, completion) = await self.agent.serve(task, llm, episode)
+        reward = self.env.rubric(messages, completion, task.meta)
+        if inspect.isawaitable(reward):
+            reward = await reward
+        return finished(session, float(reward))

@@ -1,0 +1,38 @@
+"""An example environment for `actors.agent=environment` (actors/environment.py): the
+calculator episode played through an OpenAI client with function calling, scored by its own
+rubric (the fraction of the target's digits in the final answer, like a verifiers rubric's
+reward function over the completion messages).
+
+    actors.agent=environment actors.environment=actors.environment_example:CalculatorEnv
+"""
+
+from __future__ import annotations
+
+import json
+
+from actors.openai_example import calculate
+from actors.openai_tools_example import TOOLS
+
+
+class CalculatorEnv:
+    max_turns = 4
+
+    async def rollout(self, client, model: str, messages: list[dict], meta: dict) -> list[dict]:
+        completion: list[dict] = []
+        for _ in range(self.max_turns):
+            choice = (await client.chat.completions.create(
+                model=model, messages=[*messages, *completion], tools=TOOLS)).choices[0]
+            completion.append(choice.message.model_dump(exclude_none=True))
+            if choice.finish_reason != "tool_calls":
+                break
+            for call in choice.message.tool_calls:
+                argument = json.loads(call.function.arguments)["argument"]
+                completion.append({"role": "tool", "tool_call_id": call.id,
+                                   "content": calculate(argument)})
+        return completion
+
+    def rubric(self, messages: list[dict], completion: list[dict], meta: dict) -> float:
+        """Digits of the target in the last assistant message, position by position."""
+        answers = [m.get("content") or "" for m in completion if m["role"] == "assistant"]
+        got, target = (answers[-1] if answers else "").split(), list(meta["target"])
+        return sum(g == t for g, t in zip(got, target)) / len(target)

@@ -1,0 +1,39 @@
+"""A function-calling agent written with the official `openai` client only, for
+`actors.agent=openai`:
+
+    actors.agent=openai actors.openai_agent=actors.openai_tools_example:calculator_agent
+
+It declares the calculator as an OpenAI tool, runs the calls the model makes
+(`message.tool_calls`) and answers each with a `role: "tool"` message by `tool_call_id`, until
+the model answers. Nothing in it is Tether's: the same function runs against any
+OpenAI-compatible server. With the tiny calculator model the endpoint's `tether` parser turns
+`<call> calc ARG </call>` into the call; a Qwen-family model would use `actors.tool_parser=hermes`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from openai import OpenAI
+
+from actors.openai_example import calculate
+
+TOOLS = [{"type": "function", "function": {
+    "name": "calc", "description": "Sum of non-negative integers joined by +, e.g. 1 2 + 3 4.",
+    "parameters": {"type": "object", "properties": {"argument": {"type": "string"}},
+                   "required": ["argument"]}}}]
+
+
+def calculator_agent(base_url: str, messages: list[dict], max_turns: int = 4) -> None:
+    messages = list(messages)
+    with OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=60) as client:
+        for _ in range(max_turns):
+            choice = client.chat.completions.create(model="tether", messages=messages,
+                                                    tools=TOOLS).choices[0]
+            messages.append(choice.message.model_dump(exclude_none=True))
+            if choice.finish_reason != "tool_calls":
+                return
+            for call in choice.message.tool_calls:
+                argument = json.loads(call.function.arguments)["argument"]
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": calculate(argument)})
