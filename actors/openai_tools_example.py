@@ -8,12 +8,17 @@ It declares the calculator as an OpenAI tool, runs the calls the model makes
 the model answers. Nothing in it is Tether's: the same function runs against any
 OpenAI-compatible server. With the tiny calculator model the endpoint's `tether` parser turns
 `<call> calc ARG </call>` into the call; a Qwen-family model would use `actors.tool_parser=hermes`.
+
+One `httpx.Client` (a connection pool) serves every rollout: each rollout only wraps it in an
+`OpenAI` for its own base URL. A fresh `OpenAI(...)` per rollout builds its own pool and TLS
+context, about 40 ms here, which at 64 rollouts a step cost more than the model did.
 """
 
 from __future__ import annotations
 
 import json
 
+import httpx
 from openai import OpenAI
 
 from actors.openai_example import calculate
@@ -24,16 +29,20 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["argument"]}}}]
 
 
+HTTP = httpx.Client(timeout=60)
+"""Shared by every rollout's client (httpx clients are thread-safe); never closed by them."""
+
+
 def calculator_agent(base_url: str, messages: list[dict], max_turns: int = 4) -> None:
     messages = list(messages)
-    with OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=60) as client:
-        for _ in range(max_turns):
-            choice = client.chat.completions.create(model="tether", messages=messages,
-                                                    tools=TOOLS).choices[0]
-            messages.append(choice.message.model_dump(exclude_none=True))
-            if choice.finish_reason != "tool_calls":
-                return
-            for call in choice.message.tool_calls:
-                argument = json.loads(call.function.arguments)["argument"]
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": calculate(argument)})
+    client = OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=60, http_client=HTTP)
+    for _ in range(max_turns):
+        choice = client.chat.completions.create(model="tether", messages=messages,
+                                                tools=TOOLS).choices[0]
+        messages.append(choice.message.model_dump(exclude_none=True))
+        if choice.finish_reason != "tool_calls":
+            return
+        for call in choice.message.tool_calls:
+            argument = json.loads(call.function.arguments)["argument"]
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": calculate(argument)})

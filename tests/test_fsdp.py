@@ -205,8 +205,10 @@ def test_fsdp2_outside_torchrun_says_how_to_start(monkeypatch):
 
 
 def _learner_cmd(run, model_dir, *overrides: str) -> list[str]:
-    return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}", f"model.path={model_dir}",
+    # torchrun SIGKILLs its workers 30 s after a signal by default; the interrupted rank 0
+    # still checkpoints, evaluates and exports, which can take longer on a loaded machine.
+    return ["-m", "torch.distributed.run", "--standalone", "--shutdown-timeout", "600",
+            "--nproc_per_node", "2", "-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}", f"model.path={model_dir}",
             "learner.backend=fsdp2", *overrides]
 
 
