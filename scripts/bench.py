@@ -16,6 +16,10 @@ Sections:
              VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
   e2e_vllm   the same with vLLM actors (update_mode keep).
+  sglang     scripts/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
+             scripts/env_sglang.sh; SGLang pins another torch), its rows merged here: SGLang
+             tokens/s through our SGLangEngine vs bare Engine.async_generate, apply-weights time.
+             Skipped, with a note, where that venv is absent.
 """
 
 from __future__ import annotations
@@ -359,11 +363,26 @@ def bench_vllm(model_dir: Path, batches: int) -> dict:
     return out
 
 
+def bench_sglang(out: Path) -> dict | None:
+    """scripts/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
+    python = ROOT / ".venv-sglang" / "bin" / "python"
+    if not python.exists():
+        print("[bench] sglang: skipped, no .venv-sglang (bash scripts/env_sglang.sh makes it)")
+        return None
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode:
+        env["PYTHONPATH"] = str(ROOT / "tests" / "sglang_cpu_shim")  # CPU: the sgl_kernel stand-in
+    subprocess.run([str(python), str(ROOT / "scripts" / "bench_sglang.py"), "--out", str(out)],
+                   check=True, env=env)
+    return json.loads((out / "bench_sglang.json").read_text())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--only", nargs="*",
-                   default=["transport", "weights", "pipeline", "rollout", "vllm", "e2e", "e2e_vllm"])
+                   default=["transport", "weights", "pipeline", "rollout", "vllm", "sglang", "e2e",
+                            "e2e_vllm"])
     ns = p.parse_args()
     import torch
 
@@ -387,6 +406,8 @@ def main() -> None:
             res["rollout"] = bench_rollout(model_dir, batches=30)
         if "vllm" in ns.only:
             res["vllm"] = bench_vllm(model_dir, batches=30)
+        if "sglang" in ns.only and (row := bench_sglang(out)) is not None:
+            res["sglang"] = row
         if "pipeline" in ns.only:
             res["pipeline"] = bench_pipeline(work, model_dir, steps=60, latency=0.08, sigma=1.0)
         if "e2e" in ns.only:
@@ -425,6 +446,10 @@ def render(res: dict) -> str:
                     f"bare AsyncLLM {v['vllm_bare_tokens_per_s']:.0f} | {v['ours_vs_bare']:.2f} |")
         rows.append(f"| apply weights, vLLM engine (pause, reload, reset KV, resume) | "
                     f"{v['vllm_apply_ms']:.1f} ms | | |")
+    if "sglang" in res:
+        from bench_sglang import render as render_sglang
+
+        rows.append(render_sglang(res["sglang"]))
     if "pipeline" in res:
         pl = res["pipeline"]
         rows.append(f"| pipeline: async (eta 2) vs sync (eta 0) | speedup {pl['speedup']:.2f} | "

