@@ -5,89 +5,24 @@ vLLM actor, learner steps, weights published and applied, the reward pool's name
 
 from __future__ import annotations
 
-import asyncio
-
-import numpy as np
 import pytest
-import torch
+
+import engine_refs as refs
 
 pytestmark = pytest.mark.vllm
 
 
 def test_vllm_logprobs_match_learner_before_and_after_one_update(smollm2_dir):
-    from configs.schema import TaskConfig
-    from learner.backend import SingleProcessBackend
-    from models.tiny import load_tokenizer
-    from tasks import make_task
-    from transport.weights import pack
     from actors.vllm_engine import VLLMEngine
 
-    task = make_task(TaskConfig(name="additions", num_digits=1), load_tokenizer(smollm2_dir))
-    prompts = [task.train_prompt(i).token_ids for i in range(6)]
-    backend = SingleProcessBackend(smollm2_dir, lr=1e-4, weight_decay=0.0, seed=0)
-    loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(asyncio.to_thread(VLLMEngine, smollm2_dir, "keep", 0, 0.5,
-                                                       True, 16))
-    try:
-        worst = {}
-        for version in (0, 1):
-            packed = pack(backend.state_dict(), version, bucket_bytes=32 * 2**20)
-            loop.run_until_complete(engine.load_packed(packed.manifest, list(packed.buckets)))
-            outs = loop.run_until_complete(_generate(engine, prompts))
-            rows, diffs = [], []
-            for p, c in zip(prompts, outs):
-                assert len(c.token_ids) >= 1 and (c.versions == version).all()
-                ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
-                with torch.no_grad():
-                    ref = backend.logprobs(ids, 0.7)[0, len(p) - 1:].numpy()
-                diffs.append(float(np.abs(ref - c.logprobs).max()))
-                rows.append(ids)
-            worst[version] = max(diffs)
-            if version == 0:  # one real learner update: raise the sampled completions' logprobs
-                loss = -sum(backend.logprobs(ids, 0.7)[0, len(p) - 1:].mean()
-                            for ids, p in zip(rows, prompts)) / len(rows)
-                backend.step(loss, max_grad_norm=1.0)
-        print(f"max |vLLM - learner| logprob: v0 {worst[0]:.2e}, v1 {worst[1]:.2e}")
-        assert worst[0] < 1e-3 and worst[1] < 1e-3, worst
-    finally:
-        engine.shutdown()
-        pending = asyncio.all_tasks(loop)
-        for t in pending:
-            t.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
-
-
-async def _generate(engine, prompts):
-    return await asyncio.gather(*(engine.generate(p, 12, 0.7, seed=i) for i, p in enumerate(prompts)))
+    worst = refs.real_model_gaps(lambda: VLLMEngine(smollm2_dir, "keep", 0, 0.5, True, 16),
+                                 smollm2_dir)
+    print(f"max |vLLM - learner| logprob: v0 {worst[0]:.2e}, v1 {worst[1]:.2e}")
+    assert worst[0] < 1e-3 and worst[1] < 1e-3, worst
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # vLLM's start alone took 7 min on 2 cores shared with other jobs
 def test_smollm2_preset_runs_end_to_end(tmp_path, smollm2_dir):
-    import procs
-
-    run = tmp_path / "run"
-    steps = 3
-    lp = procs.learner(run, smollm2_dir, f"learner.max_steps={steps}", "learner.prompts_per_step=2",
-                       "learner.group_size=4", "task.eval_prompts=8", "task.max_new_tokens=16",
-                       "actors.groups_per_request=2", "actors.vllm_kv_cache_gb=0.5",
-                       "buffer.capacity_groups=8",
-                       preset=procs.ROOT / "configs" / "smollm2_add.yaml")
-    s = procs.finish_clean(lp, run, steps, timeout=1700)
-    rows = procs.metrics(run)
-    # eta = 1: the last step trains on samples of version >= 1, so the actor took new weights
-    assert rows[-1]["staleness_max"] <= 1
-    log = (run / "logs" / "actor-0.log").read_text()
-    assert "loaded weights v1" in log and "vllm" in log.lower()
-    sc = s["reward_scores"]
-    assert sc["samples"] == sum(s["rollout_ends"].values()) > 0
-    assert sc["reward_timeout"] == 0 and sc["reward_error"] == 0
-    assert 0 <= sc["correct"] <= sc["samples"]
-    # named scores: the mean over the rollouts that arrived since the previous step (a step with
-    # none, possible at eta = 1, has no score of its own)
-    assert any(r["rollouts"] > 0 for r in rows)
-    assert all("score_correct" in r and "score_tokens" in r for r in rows if r["rollouts"] > 0)
-    assert (run / "final_model" / "chat_template.jinja").exists()
-    print("summary:", {k: s[k] for k in ("eval_reward_start", "eval_reward_end", "wall_seconds")},
-          "train_s:", [round(r["train_s"], 1) for r in rows])
+    _, _, log = refs.smollm2_preset_run(tmp_path, smollm2_dir, "actors.vllm_kv_cache_gb=0.5")
+    assert "vllm" in log.lower()
