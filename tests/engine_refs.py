@@ -1,30 +1,55 @@
-"""Reference logprobs for engine tests: the learner's own code path on an HF model holding the
-same weights as the engine under test (used by tests/test_sglang.py; the same checks as
-tests/test_vllm.py), and the real-model checks of both engines (`real_model_gaps`, `smollm2_preset_run`)."""
+"""Shared engine checks, run against vLLM (tests/test_vllm.py, tests/test_real_model.py) and
+SGLang (tests/test_sglang.py, tests/test_sglang_real_model.py) alike. Reference logprobs come
+from the learner's own code path (models.logprobs) on an HF model holding the same weights as
+the engine under test. An engine here is one of `started_engine`'s: its event loop is `.loop`."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 import numpy as np
 import torch
 
 
+@contextlib.contextmanager
+def started_engine(make_engine):
+    """The engine `make_engine()` builds (blocking: run in a worker thread) with its own event
+    loop as `.loop`; shut down on exit, the engine's output loop cancelled while the loop lives."""
+    loop = asyncio.new_event_loop()
+    engine = loop.run_until_complete(asyncio.to_thread(make_engine))
+    engine.loop = loop
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()
+
+
 def hf_model(model_dir, state):
     from transformers import AutoModelForCausalLM
 
+    from models.tied import load_state
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.load_state_dict(state, strict=False)
-    model.tie_weights()
+    load_state(model, state, "test weights")
     return model
 
 
 def noisy_state(model_dir, noise: float = 0.0, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The model's weights plus seeded Gaussian noise (tied lm_head left out, as the learner sends)."""
+    """The model's weights plus seeded Gaussian noise (a tied head left out, as the learner sends)."""
     from transformers import AutoModelForCausalLM
+
+    from models.tied import without_tied
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     return {k: v.detach() + noise * torch.randn(v.shape, generator=g)
-            for k, v in model.state_dict().items() if k != "lm_head.weight"}
+            for k, v in without_tied(model.state_dict().items(), model.config.tie_word_embeddings)}
 
 
 def prompts(model_dir, n):
@@ -45,13 +70,89 @@ def reference(model, prompt, completion, temperature):
         return token_logprobs(model, ids, temperature)[0, len(prompt) - 1:].numpy()
 
 
+async def load_async(engine, state, version):
+    """Publish `state` as `version` in 64 KiB buckets (the bucketed path: several of them)."""
+    from transport.weights import pack
+
+    packed = pack(state, version, bucket_bytes=64 * 1024)
+    assert packed.manifest.num_buckets > 1
+    await engine.load_packed(packed.manifest, list(packed.buckets))
+
+
+def load(engine, state, version):
+    engine.loop.run_until_complete(load_async(engine, state, version))
+
+
+def generate(engine, prompts, max_new, temperature):
+    async def run():
+        return await asyncio.gather(*(engine.generate(p, max_new, temperature, seed=i)
+                                      for i, p in enumerate(prompts)))
+    return engine.loop.run_until_complete(run())
+
+
+def check_logprobs_then_after_update(engine, model_dir, temperature):
+    """Behavior logprobs equal the learner's (< 1e-3) for one version, then for a perturbed one."""
+    ps = prompts(model_dir, 16)
+    for version, noise in ((10, 0.0), (11, 0.05)):
+        state = noisy_state(model_dir, noise, seed=version)
+        load(engine, state, version)
+        model = hf_model(model_dir, state)
+        worst = 0.0
+        for p, c in zip(ps, generate(engine, ps, 5, temperature)):
+            assert len(c.token_ids) >= 1 and (c.versions == version).all()
+            worst = max(worst, float(np.abs(reference(model, p, c.token_ids, temperature)
+                                            - c.logprobs).max()))
+        print(f"T={temperature} v{version}: max |engine - learner| = {worst:.2e}")
+        assert worst < 1e-3, f"v{version}: engine vs learner logprobs differ by {worst}"
+
+
+def check_inflight_update(engine, model_dir, mode):
+    """Long samples from random weights A; once every request has started, weights B land.
+    keep/abort: some samples switch version mid-sequence and each token's logprob matches the
+    weights of its own version; wait: no sample mixes versions."""
+    engine.update_mode = mode
+    k = ("keep", "abort", "wait").index(mode)
+    a, b = noisy_state(model_dir, 0.5, seed=1), noisy_state(model_dir, 0.5, seed=2)
+    va, vb = 20 + 2 * k, 21 + 2 * k
+    load(engine, a, va)
+    ps = prompts(model_dir, 24)
+    started = asyncio.Event()
+    target = engine.tokens_out + 2 * len(ps)
+    engine.on_tokens = lambda n: started.set() if n >= target else None
+
+    async def run():
+        tasks = [asyncio.create_task(engine.generate(p, 48, 1.0, seed=100 + i))
+                 for i, p in enumerate(ps)]
+        await started.wait()
+        await load_async(engine, b, vb)
+        return await asyncio.gather(*tasks)
+
+    outs = engine.loop.run_until_complete(run())
+    engine.on_tokens = None
+    models = {va: hf_model(model_dir, a), vb: hf_model(model_dir, b)}
+    mixed = 0
+    for p, c in zip(ps, outs):
+        assert set(np.unique(c.versions)) <= {va, vb}
+        assert (np.diff(c.versions) >= 0).all(), "versions must not go back within a sample"
+        mixed += len(set(c.versions.tolist())) > 1
+        for v, model in models.items():
+            sel = c.versions == v
+            if sel.any():
+                ref = reference(model, p, c.token_ids, 1.0)
+                diff = float(np.abs(ref[sel] - c.logprobs[sel]).max())
+                assert diff < 1e-3, f"{mode}: tokens of v{v} differ from v{v} weights by {diff}"
+    print(f"{mode}: {mixed} of {len(ps)} samples straddle the update")
+    if mode == "wait":
+        assert mixed == 0
+    else:
+        assert mixed >= 1, f"{mode}: no sample straddled the update"
+
+
 def real_model_gaps(make_engine, model_dir) -> dict[int, float]:
     """The real-model check shared by the vLLM and SGLang lanes: versions 0 and 1 of a learner's
     weights (one real optimizer step between them, raising the sampled completions' logprobs)
     through the engine `make_engine()` builds (blocking; run in a worker thread); per version the
     largest |engine - learner| behavior logprob over 6 additions prompts, 12 tokens at T = 0.7."""
-    import asyncio
-
     from configs.schema import TaskConfig
     from learner.backend import SingleProcessBackend
     from models.tiny import load_tokenizer
@@ -59,22 +160,16 @@ def real_model_gaps(make_engine, model_dir) -> dict[int, float]:
     from transport.weights import pack
 
     task = make_task(TaskConfig(name="additions", num_digits=1), load_tokenizer(model_dir))
-    prompts = [task.train_prompt(i).token_ids for i in range(6)]
+    ps = [task.train_prompt(i).token_ids for i in range(6)]
     backend = SingleProcessBackend(model_dir, lr=1e-4, weight_decay=0.0, seed=0)
 
-    async def generate(engine):
-        return await asyncio.gather(*(engine.generate(p, 12, 0.7, seed=i)
-                                      for i, p in enumerate(prompts)))
-
-    loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(asyncio.to_thread(make_engine))
-    try:
-        worst = {}
+    worst = {}
+    with started_engine(make_engine) as engine:
         for version in (0, 1):
             packed = pack(backend.state_dict(), version, bucket_bytes=32 * 2**20)
-            loop.run_until_complete(engine.load_packed(packed.manifest, list(packed.buckets)))
+            engine.loop.run_until_complete(engine.load_packed(packed.manifest, list(packed.buckets)))
             rows, diffs = [], []
-            for p, c in zip(prompts, loop.run_until_complete(generate(engine))):
+            for p, c in zip(ps, generate(engine, ps, 12, 0.7)):
                 assert len(c.token_ids) >= 1 and (c.versions == version).all()
                 ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
                 with torch.no_grad():
@@ -84,16 +179,9 @@ def real_model_gaps(make_engine, model_dir) -> dict[int, float]:
             worst[version] = max(diffs)
             if version == 0:  # one real learner update
                 loss = -sum(backend.logprobs(ids, 0.7)[0, len(p) - 1:].mean()
-                            for ids, p in zip(rows, prompts)) / len(rows)
+                            for ids, p in zip(rows, ps)) / len(rows)
                 backend.step(loss, max_grad_norm=1.0)
-        return worst
-    finally:
-        engine.shutdown()
-        pending = asyncio.all_tasks(loop)  # the engine's output loop: cancel it while the loop lives
-        for t in pending:
-            t.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
+    return worst
 
 
 def smollm2_preset_run(tmp_path, model_dir, *overrides: str, steps: int = 3):

@@ -2,13 +2,12 @@
 
 Runs in the SGLang lane of ./test.sh (its own venv, .venv-sglang, with the CPU `sgl_kernel` shim
 of tests/sglang_cpu_shim on the path); skipped where SGLang is not installed. One engine is
-started per module and reused; its update_mode is switched per test. Reference logprobs come from
-the learner's own code path (models.logprobs) on an HF model holding the same weights.
+started per module and reused; its update_mode is switched per test. The engine checks shared
+with vLLM's are in tests/engine_refs.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from pathlib import Path
@@ -27,49 +26,13 @@ pytestmark = pytest.mark.sglang
 def engine(tiny_model_dir):
     from actors.sglang_engine import SGLangEngine
 
-    loop = asyncio.new_event_loop()
-    eng = loop.run_until_complete(asyncio.to_thread(
-        SGLangEngine, tiny_model_dir, "keep", 0, 8192, 0.0))
-    eng.loop = loop
-    yield eng
-    eng.shutdown()
-    pending = asyncio.all_tasks(loop)  # SGLang's output loop: cancel it while the loop lives
-    for task in pending:
-        task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    loop.close()
-
-
-async def _load_async(engine, state, version):
-    from transport.weights import pack
-
-    packed = pack(state, version, bucket_bytes=64 * 1024)
-    assert packed.manifest.num_buckets > 1  # the bucketed path, not one whole-model tensor
-    await engine.load_packed(packed.manifest, list(packed.buckets))
-
-
-def _generate(engine, prompts, max_new, temperature):
-    async def run():
-        return await asyncio.gather(*(engine.generate(p, max_new, temperature, seed=i)
-                                      for i, p in enumerate(prompts)))
-    return engine.loop.run_until_complete(run())
+    with refs.started_engine(lambda: SGLangEngine(tiny_model_dir, "keep", 0, 8192, 0.0)) as eng:
+        yield eng
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_match_learner_then_after_update(engine, tiny_model_dir, temperature):
-    prompts = refs.prompts(tiny_model_dir, 16)
-    for version, noise in ((10, 0.0), (11, 0.05)):
-        state = refs.noisy_state(tiny_model_dir, noise, seed=version)
-        engine.loop.run_until_complete(_load_async(engine, state, version))
-        model = refs.hf_model(tiny_model_dir, state)
-        outs = _generate(engine, prompts, 5, temperature)
-        worst = 0.0
-        for p, c in zip(prompts, outs):
-            assert len(c.token_ids) >= 1 and (c.versions == version).all()
-            ref = refs.reference(model, p, c.token_ids, temperature)
-            worst = max(worst, float(np.abs(ref - c.logprobs).max()))
-        print(f"T={temperature} v{version}: max |engine - learner| = {worst:.2e}")
-        assert worst < 1e-3, f"v{version}: engine vs learner logprobs differ by {worst}"
+    refs.check_logprobs_then_after_update(engine, tiny_model_dir, temperature)
 
 
 def test_update_changes_logprobs_to_new_version(engine, tiny_model_dir):
@@ -79,8 +42,8 @@ def test_update_changes_logprobs_to_new_version(engine, tiny_model_dir):
     a, b = refs.noisy_state(tiny_model_dir, 0.3, seed=5), refs.noisy_state(tiny_model_dir, 0.3, seed=6)
     outs = {}
     for v, state in ((30, a), (31, b)):
-        engine.loop.run_until_complete(_load_async(engine, state, v))
-        outs[v] = _generate(engine, prompts, 5, 1.0)
+        refs.load(engine, state, v)
+        outs[v] = refs.generate(engine, prompts, 5, 1.0)
         model = refs.hf_model(tiny_model_dir, state)
         for p, c in zip(prompts, outs[v]):
             assert (c.versions == v).all()
@@ -92,45 +55,7 @@ def test_update_changes_logprobs_to_new_version(engine, tiny_model_dir):
 
 @pytest.mark.parametrize("mode", ["keep", "abort", "wait"])
 def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
-    """Long samples from random weights A; once every request has started, weights B land.
-    keep/abort: some samples switch version mid-sequence and each token's logprob matches the
-    weights of its own version; wait: no sample mixes versions."""
-    engine.update_mode = mode
-    k = ("keep", "abort", "wait").index(mode)
-    a, b = refs.noisy_state(tiny_model_dir, 0.5, seed=1), refs.noisy_state(tiny_model_dir, 0.5, seed=2)
-    va, vb = 20 + 2 * k, 21 + 2 * k
-    engine.loop.run_until_complete(_load_async(engine, a, va))
-    prompts = refs.prompts(tiny_model_dir, 24)
-    started = asyncio.Event()
-    target = engine.tokens_out + 2 * len(prompts)
-    engine.on_tokens = lambda n: started.set() if n >= target else None
-
-    async def run():
-        tasks = [asyncio.create_task(engine.generate(p, 48, 1.0, seed=100 + i))
-                 for i, p in enumerate(prompts)]
-        await started.wait()
-        await _load_async(engine, b, vb)
-        return await asyncio.gather(*tasks)
-
-    outs = engine.loop.run_until_complete(run())
-    engine.on_tokens = None
-    models = {va: refs.hf_model(tiny_model_dir, a), vb: refs.hf_model(tiny_model_dir, b)}
-    mixed = 0
-    for p, c in zip(prompts, outs):
-        assert set(np.unique(c.versions)) <= {va, vb}
-        assert (np.diff(c.versions) >= 0).all(), "versions must not go back within a sample"
-        mixed += len(set(c.versions.tolist())) > 1
-        for v, model in models.items():
-            sel = c.versions == v
-            if sel.any():
-                ref = refs.reference(model, p, c.token_ids, 1.0)
-                diff = float(np.abs(ref[sel] - c.logprobs[sel]).max())
-                assert diff < 1e-3, f"{mode}: tokens of v{v} differ from v{v} weights by {diff}"
-    print(f"{mode}: {mixed} of {len(prompts)} samples straddle the update")
-    if mode == "wait":
-        assert mixed == 0
-    else:
-        assert mixed >= 1, f"{mode}: no sample straddled the update"
+    refs.check_inflight_update(engine, tiny_model_dir, mode)
 
 
 def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
@@ -144,7 +69,7 @@ def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
     engine.loop.run_until_complete(engine.load_file(packed.manifest.path, 40))
     prompts = refs.prompts(tiny_model_dir, 8)
     model = refs.hf_model(tiny_model_dir, state)
-    for p, c in zip(prompts, _generate(engine, prompts, 5, 0.7)):
+    for p, c in zip(prompts, refs.generate(engine, prompts, 5, 0.7)):
         assert (c.versions == 40).all()
         assert np.abs(refs.reference(model, p, c.token_ids, 0.7) - c.logprobs).max() < 1e-3
 
