@@ -323,32 +323,19 @@ def test_hf_export_loads_into_vllm(megatron_runs):
     """vLLM starts from the TP = 2 learner's HF export and takes its published weights as a new
     version; its sampling logprobs match the learner's own logprob code on the export (the
     bound of tests/test_vllm.py)."""
-    import asyncio
-
     from transformers import AutoModelForCausalLM
 
+    import engine_refs as refs
     from actors.vllm_engine import VLLMEngine
-    from test_vllm import _generate, _load, _prompts, _reference  # the vLLM lane's helpers
 
     out = megatron_runs / "2x1"
     model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32).eval()
     published = load_file(str(out / f"train_{fsdp_worker.STEPS}.safetensors"))
-    loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(asyncio.to_thread(VLLMEngine, out / "hf", "keep", 0, 0.25,
-                                                       True, 64))
-    engine.loop = loop
-    try:
-        _load(engine, published, fsdp_worker.STEPS)
-        prompts = _prompts(out / "hf", 8)
-        outs = _generate(engine, prompts, 5, 1.0)
-    finally:
-        engine.shutdown()
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
-    worst = max(float(np.abs(_reference(model, p, c.token_ids, 1.0) - c.logprobs).max())
+    with refs.started_engine(lambda: VLLMEngine(out / "hf", "keep", 0, 0.25, True, 64)) as engine:
+        refs.load(engine, published, fsdp_worker.STEPS)
+        prompts = refs.prompts(out / "hf", 8)
+        outs = refs.generate(engine, prompts, 5, 1.0)
+    worst = max(float(np.abs(refs.reference(model, p, c.token_ids, 1.0) - c.logprobs).max())
                 for p, c in zip(prompts, outs))
     assert worst < 1e-3, worst
 
