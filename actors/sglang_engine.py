@@ -38,12 +38,15 @@ from typing import Callable
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
+from actors.lifeline import die_with
 
 log = logging.getLogger(__name__)
 
 UPDATE_MODES = ("wait", "keep", "abort")
 _PAUSE = {"wait": "in_place", "keep": "retract", "abort": "abort"}
 """SGLang pause mode per update_mode (wait pauses only once nothing runs)."""
+_ACTOR_PID = "TETHER_SGLANG_ACTOR_PID"
+"""Environment variable (inherited by SGLang's children): the pid whose exit ends them."""
 
 
 class SGLangEngine:
@@ -62,8 +65,13 @@ class SGLangEngine:
 
         if not torch.cuda.is_available():
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
-        from sglang.srt.entrypoints.engine import Engine
+        from sglang.srt.entrypoints.engine import Engine as SGLangBase
 
+        class Engine(SGLangBase):  # its scheduler and detokenizer end when this process ends
+            run_scheduler_process_func = staticmethod(_scheduler_process)
+            run_detokenizer_process_func = staticmethod(_detokenizer_process)
+
+        os.environ[_ACTOR_PID] = str(os.getpid())
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.vocab_size = int(config["vocab_size"])
         self.model_dir = Path(model_dir)
@@ -217,8 +225,25 @@ class SGLangEngine:
 
     def shutdown(self) -> None:
         """Stop SGLang's processes. (If this process is killed instead, they stop by themselves:
-        SGLang's children are killed by the kernel when their parent dies, PR_SET_PDEATHSIG.)"""
+        each watches this process, `_scheduler_process` and `_detokenizer_process`.)"""
         self.engine.shutdown()
+
+
+def _scheduler_process(*args, **kwargs):
+    """SGLang's scheduler process, ended with the actor (SGLang's own PR_SET_PDEATHSIG ties it to
+    the thread that started it, and a SIGKILLed actor has been seen to leave it running)."""
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    die_with(int(os.environ[_ACTOR_PID]))
+    return run_scheduler_process(*args, **kwargs)
+
+
+def _detokenizer_process(*args, **kwargs):
+    """SGLang's detokenizer process, ended with the actor (as `_scheduler_process`)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    die_with(int(os.environ[_ACTOR_PID]))
+    return run_detokenizer_process(*args, **kwargs)
 
 
 def _bucket_tensor(manifest, index: int, buf, metadata_cls):

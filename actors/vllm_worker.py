@@ -9,9 +9,6 @@ as GPU (`model.load_weights` breaks on CPU, where oneDNN has pre-packed the line
 from __future__ import annotations
 
 import os
-import select
-import signal
-import threading
 
 import msgspec
 
@@ -20,14 +17,9 @@ class TetherWorkerExtension:
     def tether_die_with(self, pid: int) -> None:
         """End this worker and its EngineCore parent when process `pid` (the actor) ends,
         however it ends: vLLM's own processes outlive a SIGKILLed actor otherwise."""
-        fd = os.pidfd_open(pid)
+        from actors.lifeline import die_with
 
-        def watch() -> None:
-            select.select([fd], [], [])  # readable once `pid` has exited
-            os.kill(os.getppid(), signal.SIGKILL)
-            os._exit(1)
-
-        threading.Thread(target=watch, name="tether-die-with-actor", daemon=True).start()
+        die_with(pid, also=(os.getppid(),))
 
     def tether_load_packed(self, manifest_raw: bytes, buckets: list[bytes]) -> int:
         from transport.messages import WeightManifest

@@ -227,8 +227,9 @@ class ActorsConfig(Section):
     """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
     sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
     """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
-    groups_per_request: Count = 2
-    """Leases an actor asks for at once; their samples are generated as one batch."""
+    groups_per_request: Count = 8
+    """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
+    the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
     agent: Literal["single_turn", "tools", "openai", "environment"] = "single_turn"
     """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint)."""
     tools: ToolList = "calc"
