@@ -29,13 +29,15 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["argument"]}}}]
 
 
-HTTP = httpx.Client(timeout=60)
-"""Shared by every rollout's client (httpx clients are thread-safe); never closed by them."""
+HTTP = httpx.Client(timeout=300)
+"""Shared by every rollout's client (httpx clients are thread-safe); never closed by them. A
+request waits for a place in the engine's batch: with 64 rollouts per actor on 2 loaded cores
+one turn took over 60 s once (the timeout before), and a timed-out turn loses the rollout."""
 
 
 def calculator_agent(base_url: str, messages: list[dict], max_turns: int = 4) -> None:
     messages = list(messages)
-    client = OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=60, http_client=HTTP)
+    client = OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=300, http_client=HTTP)
     for _ in range(max_turns):
         choice = client.chat.completions.create(model="tether", messages=messages,
                                                 tools=TOOLS).choices[0]
