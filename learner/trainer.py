@@ -31,6 +31,7 @@ from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.critic import AlgoModels
 from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.timeline import Timeline
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Trainer:
         self.fuse_prox = True
         """With one minibatch and one epoch, take pi_prox from pi_theta's forward (False: a
         separate no-grad forward, as with several minibatches or epochs; for tests)."""
+        self.timeline = Timeline()
+        """Where this step's time goes (prox, forward, backward_optimizer; learner/timeline.py)."""
         if cfg.learner.kl_coef > 0 and self.models.reference is None:
             raise ValueError("learner.kl_coef > 0 needs a reference model (make_models)")
         if cfg.learner.advantage in ("gae", "vtrace") and self.models.critic is None:
@@ -77,8 +80,9 @@ class Trainer:
         minibatches = [self._shard(shaped[i:i + per_mb]) for i in range(0, len(shaped), per_mb)]
         if self.fuse_prox and L.minibatches == 1 and L.epochs == 1:
             (mb, norm), = minibatches
-            theta = self._logprobs(mb)
-            with torch.no_grad():
+            with self.timeline.span("forward"):
+                theta = self._logprobs(mb)
+            with torch.no_grad(), self.timeline.span("prox"):
                 prep = self._prepare(mb, norm, prox=theta[0].detach())
             metrics = self._minibatch(mb, norm, prep, version, theta)
         else:
@@ -98,7 +102,7 @@ class Trainer:
                 version: int) -> dict[str, float]:
         """Step-start quantities of every minibatch, then `epochs` passes over them; the
         metrics averaged over the minibatch updates."""
-        with torch.no_grad():
+        with torch.no_grad(), self.timeline.span("prox"):
             preps = [self._prepare(mb, norm) for mb, norm in minibatches]
         sums: dict[str, float] = {}
         count = 0
@@ -162,24 +166,29 @@ class Trainer:
                    theta: tuple[torch.Tensor, torch.Tensor | None] | None = None
                    ) -> dict[str, float]:
         """One update on `mb`; `theta`: pi_theta's logprobs and entropy if already computed."""
-        L = self.lcfg
-        logp, entropy = self._logprobs(mb) if theta is None else theta
-        staleness = (version - mb.versions) * mb.mask.long()
-        budget = max_completion_tokens(self.cfg)
-        in_loss = prep.ref if L.kl_in == "loss" else None
-        loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
-                                  staleness, L, budget, norm, ref=in_loss, entropy=entropy)
-        if prep.ref is not None and in_loss is None:  # in the reward: logged here
-            kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
-            stats["kl_ref"] = (kl * mb.mask).sum() / max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
-        grad_norm = self.backend.step(loss, L.max_grad_norm)
+        L, tl = self.lcfg, self.timeline
+        with tl.span("forward"):
+            logp, entropy = self._logprobs(mb) if theta is None else theta
+            staleness = (version - mb.versions) * mb.mask.long()
+            budget = max_completion_tokens(self.cfg)
+            in_loss = prep.ref if L.kl_in == "loss" else None
+            loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
+                                      staleness, L, budget, norm, ref=in_loss, entropy=entropy)
+            if prep.ref is not None and in_loss is None:  # in the reward: logged here
+                kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
+                stats["kl_ref"] = ((kl * mb.mask).sum()
+                                   / max((norm or LossNorm.of(mb.mask)).tokens, 1.0))
+        with tl.span("backward_optimizer"):
+            grad_norm = self.backend.step(loss, L.max_grad_norm)
         stats["loss"] = loss.detach()
         if self.models.critic is not None:
-            values = self.models.values(mb.input_ids)
-            vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
-                                       L.value_clip, L.loss_agg, budget, norm)
+            with tl.span("forward"):
+                values = self.models.values(mb.input_ids)
+                vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
+                                           L.value_clip, L.loss_agg, budget, norm)
             stats.update(vstats)
-            critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
+            with tl.span("backward_optimizer"):
+                critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
         out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
         out["grad_norm"] = grad_norm
         if self.models.critic is not None:
