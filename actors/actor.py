@@ -18,6 +18,7 @@ message, the actor says Hello again on the same sockets; work in progress carrie
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import json
@@ -136,6 +137,8 @@ class Actor:
         """Set when the learner announces a newer version (or we joined a new learner)."""
         self.loaded = asyncio.Event()
         """Set (and replaced) after every weight load; work waiting for a version waits on it."""
+        self.spans = SpanLog()
+        """Where this actor's time went since its last heartbeat (sent with it)."""
         tasks: list[asyncio.Task] = []
         try:
             welcome = await self._first_join()
@@ -302,7 +305,8 @@ class Actor:
     async def _heartbeat_loop(self, welcome: m.Welcome) -> None:
         while True:
             await self.control.send(self.enc.encode(m.Heartbeat(
-                actor_id=self.actor_id, weight_version=self.client.version if self.client else -1)))
+                actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
+                spans=self.spans.drain())))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             if self._parent_gone():
                 return
@@ -318,20 +322,25 @@ class Actor:
             self.built.set()
         want = self.cfg.actors.groups_per_request
         while True:
-            await self.link.wait_joined()
-            await self._weights_at_least(0)  # any weights of this learner's run
-            joins = self.link.joins
-            await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
-                                                                  max_groups=want)))
-            grant = await self._next_grant(joins)
+            with self.spans.span("wait_grant"):
+                await self.link.wait_joined()
+                await self._weights_at_least(0)  # any weights of this learner's run
+                joins = self.link.joins
+                await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
+                                                                      max_groups=want)))
+                grant = await self._next_grant(joins)
             if grant is None:
                 continue  # the learner restarted while our request was parked: ask again
-            await self._weights_at_least(max(lease.min_version for lease in grant.leases))
-            results = await asyncio.gather(*(self._run_lease(lease) for lease in grant.leases))
-            for res in results:
-                await self.trajectory.send(self.enc.encode(res))  # waits when the learner is full
-                self.groups_done += 1
-                self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples)
+            with self.spans.span("wait_weights"):
+                await self._weights_at_least(max(lease.min_version for lease in grant.leases))
+            with self.spans.span("generate"):
+                results = await asyncio.gather(*(self._run_lease(lease)
+                                                 for lease in grant.leases))
+            with self.spans.span("send"):
+                for res in results:
+                    await self.trajectory.send(self.enc.encode(res))  # waits while learner is full
+                    self.groups_done += 1
+                    self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples)
 
     async def _next_grant(self, joins: int) -> m.LeaseGrant | None:
         """The grant answering our request, or None if we had to join again meanwhile."""
@@ -352,7 +361,8 @@ class Actor:
             await self.link.wait_joined()
             self.news.clear()
             if self.weights_stale or self.latest_version > self.client.version:
-                await self._sync_weights()
+                with self.spans.span("pull_weights"):
+                    await self._sync_weights()
                 self.loaded.set()
                 self.loaded = asyncio.Event()
             else:
@@ -432,6 +442,26 @@ class Actor:
         log.warning("parent process %d is gone: stopping", self.parent_pid)
         self.stopped.set()
         return True
+
+
+class SpanLog:
+    """This actor's time spans since its last heartbeat (learner/timeline.py); the oldest go
+    first past transport.messages.MAX_SPANS."""
+
+    def __init__(self) -> None:
+        self.spans: collections.deque[m.Span] = collections.deque(maxlen=m.MAX_SPANS)
+
+    @contextlib.contextmanager
+    def span(self, state: str):
+        t0 = time.time()
+        yield
+        self.spans.append(m.Span(state=state, start_us=int(t0 * 1e6),
+                                 dur_us=int((time.time() - t0) * 1e6)))
+
+    def drain(self) -> list[m.Span]:
+        out = list(self.spans)
+        self.spans.clear()
+        return out
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

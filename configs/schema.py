@@ -154,6 +154,11 @@ class LearnerConfig(Section):
     """Continue from the newest checkpoint in run_dir/checkpoints."""
     log_every: Count = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
+    trace_steps: NonNegative = 0
+    """Write run_dir/trace.json, a Chrome/Perfetto trace of this many steps across the learner and
+    every actor (0 = none; docs/operations.md)."""
+    trace_from_step: NonNegative = 5
+    """The traced steps start after this version (past start-up)."""
     tensorboard: bool = True
     """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
     tracker: Literal["none", "wandb", "mlflow"] = "none"

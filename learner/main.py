@@ -40,6 +40,7 @@ from learner.local_actors import LocalActors
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
+from learner.timeline import Timeline
 from learner.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
@@ -138,6 +139,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
                            version)
+    team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
+    server.timeline = team.trainer.timeline
     server.announce(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
@@ -156,9 +159,12 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
     run_dir = Path(cfg.run_dir)
     reason = "finished"
     try:
+        tl = team.trainer.timeline
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
-            groups = st.buffer.take(cfg.learner.prompts_per_step, st.version, timeout=WAIT_LOG_S)
+            with tl.span("wait_buffer"):
+                groups = st.buffer.take(cfg.learner.prompts_per_step, st.version,
+                                        timeout=WAIT_LOG_S)
             if groups is None:
                 _log_waiting(st)
                 team.idle()
@@ -166,11 +172,15 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
             step_t0 = time.monotonic()
             m = team.step(groups, st.version)
             st.version += 1
-            st.packed = team.gather_weights(st.version)
-            st.server.announce(st.version, _for_actors(cfg, st.packed))
+            with tl.span("gather"):
+                st.packed = team.gather_weights(st.version)
+            with tl.span("announce"):
+                st.server.announce(st.version, _for_actors(cfg, st.packed))
+            m.update(tl.end_step(st.version))
             st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
-                _save_checkpoint(team, st.server, run_dir, st.version)
+                with tl.span("checkpoint"):  # counted in the next step's row
+                    _save_checkpoint(team, st.server, run_dir, st.version)
     except KeyboardInterrupt:
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
@@ -188,6 +198,9 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
         _save_checkpoint(team, st.server, run_dir, st.version)
+    if team.trainer.timeline.write_trace(run_dir / "trace.json"):
+        log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
+                 run_dir / "trace.json")
     eval_end = _evaluate(st.eval_engine, st.packed, st.task, cfg, st.tokenizer)
     team.export_hf(run_dir / "final_model")
     team.stop()

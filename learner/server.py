@@ -83,6 +83,8 @@ class LearnerServer(threading.Thread):
         """Sums of the named reward scores over the same rollouts, and `samples` scored."""
         self.tool_parse_errors = 0
         """Model turns of accepted results whose tool calls did not parse."""
+        self.timeline = None
+        """learner/timeline.Timeline, given the actors' time spans when set."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -340,8 +342,14 @@ class LearnerServer(threading.Thread):
                     return
                 st.parked_groups = k
                 self._serve(aid, st)
-            case m.Heartbeat(weight_version=v):
+            case m.Heartbeat(actor_id=aid, weight_version=v, spans=spans):
+                bad = _bad_spans(spans)
+                if bad:
+                    self._reject("malformed", f"heartbeat of {aid!r}: {bad}", st.identity)
+                    return
                 st.weight_version = v
+                if self.timeline is not None:
+                    self.timeline.actor_spans(aid, spans)
                 ack = m.HeartbeatAck(latest_version=self.version)
                 self.control.send_multipart([st.identity, self._enc.encode(ack)], zmq.NOBLOCK)
             case m.Goodbye(actor_id=aid):
@@ -469,3 +477,13 @@ def _model_files(model_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, by
         if p.is_file() and p.suffix in (".json", ".txt", ".model", ".jinja") and p.stat().st_size < limit:
             out[p.name] = p.read_bytes()
     return out
+
+
+def _bad_spans(spans: list[m.Span]) -> str:
+    """What is wrong with a heartbeat's spans ("" = nothing)."""
+    if len(spans) > m.MAX_SPANS:
+        return f"{len(spans)} spans (at most {m.MAX_SPANS})"
+    for s in spans:
+        if s.state not in m.SPAN_STATES or s.dur_us < 0 or s.start_us < 0:
+            return f"span {s!r} (state one of {m.SPAN_STATES}, times >= 0)"
+    return ""

@@ -4,6 +4,10 @@
     pi_ref, critic values, advantages (+ value targets) -> for each epoch and minibatch:
     pi_theta -> policy_loss -> backend.step; values -> value_loss -> critic.step
 
+With one minibatch and one epoch, pi_prox is pi_theta before the only update: the step runs
+pi_theta's forward (with gradient) first and takes pi_prox from it, detached, instead of a
+second no-grad forward (the same values bit for bit; tests/test_trainer_fused.py).
+
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
 
@@ -27,6 +31,7 @@ from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.critic import AlgoModels
 from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.timeline import Timeline
 
 
 @dataclass
@@ -56,6 +61,11 @@ class Trainer:
         self.pad_id = pad_id
         self.models = AlgoModels() if models is None else models
         self.eos_id = eos_id
+        self.fuse_prox = True
+        """With one minibatch and one epoch, take pi_prox from pi_theta's forward (False: a
+        separate no-grad forward, as with several minibatches or epochs; for tests)."""
+        self.timeline = Timeline()
+        """Where this step's time goes (prox, forward, backward_optimizer; learner/timeline.py)."""
         if cfg.learner.kl_coef > 0 and self.models.reference is None:
             raise ValueError("learner.kl_coef > 0 needs a reference model (make_models)")
         if cfg.learner.advantage in ("gae", "vtrace") and self.models.critic is None:
@@ -68,17 +78,15 @@ class Trainer:
         per_mb = len(groups) // L.minibatches
         shaped = A.shape_groups(groups, self.cfg, self.eos_id)
         minibatches = [self._shard(shaped[i:i + per_mb]) for i in range(0, len(shaped), per_mb)]
-        with torch.no_grad():
-            preps = [self._prepare(mb, norm) for mb, norm in minibatches]
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(L.epochs):
-            for (mb, norm), prep in zip(minibatches, preps):
-                stats = self._minibatch(mb, norm, prep, version)
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        metrics = {k: v / count for k, v in sums.items()}
+        if self.fuse_prox and L.minibatches == 1 and L.epochs == 1:
+            (mb, norm), = minibatches
+            with self.timeline.span("forward"):
+                theta = self._logprobs(mb)
+            with torch.no_grad(), self.timeline.span("prox"):
+                prep = self._prepare(mb, norm, prox=theta[0].detach())
+            metrics = self._minibatch(mb, norm, prep, version, theta)
+        else:
+            metrics = self._epochs(minibatches, version)
         metrics.update(_staleness_metrics(groups, version))
         rewards = np.concatenate([g.rewards for g in groups])
         metrics["reward_mean"] = float(rewards.mean())
@@ -89,6 +97,22 @@ class Trainer:
                                                 for lm in g.loss_masks)) / metrics["tokens"]
         metrics["reused_frac"] = float(np.mean([g.uses > 1 for g in groups]))
         return metrics
+
+    def _epochs(self, minibatches: list[tuple[TokenBatch, LossNorm | None]],
+                version: int) -> dict[str, float]:
+        """Step-start quantities of every minibatch, then `epochs` passes over them; the
+        metrics averaged over the minibatch updates."""
+        with torch.no_grad(), self.timeline.span("prox"):
+            preps = [self._prepare(mb, norm) for mb, norm in minibatches]
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(self.lcfg.epochs):
+            for (mb, norm), prep in zip(minibatches, preps):
+                stats = self._minibatch(mb, norm, prep, version)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+        return {k: v / count for k, v in sums.items()}
 
     def _shard(self, groups: list[TrajGroup]) -> tuple[TokenBatch, LossNorm | None]:
         """This rank's part of a minibatch, and the whole minibatch's counts (None: no split).
@@ -104,11 +128,14 @@ class Trainer:
         mine = groups[rank * len(groups) // size:(rank + 1) * len(groups) // size]
         return collate(mine, self.pad_id, padded_length(groups)).to(self.backend.device), norm
 
-    def _prepare(self, mb: TokenBatch, norm: LossNorm | None) -> Prepared:
-        """pi_prox, the reference logprobs, the critic's values and the advantages, at step
-        start (called under no_grad for every minibatch before any optimizer step)."""
+    def _prepare(self, mb: TokenBatch, norm: LossNorm | None,
+                 prox: torch.Tensor | None = None) -> Prepared:
+        """pi_prox (computed here unless given), the reference logprobs, the critic's values and
+        the advantages, at step start (called under no_grad for every minibatch before any
+        optimizer step)."""
         L, T = self.lcfg, self.cfg.task.temperature
-        prox = self.backend.logprobs(mb.input_ids, T)
+        if prox is None:
+            prox = self.backend.logprobs(mb.input_ids, T)
         ref = self.models.ref_logprobs(mb.input_ids, T) if L.kl_coef > 0 else None
         kl_pen = None
         if ref is not None and L.kl_in == "reward":
@@ -135,26 +162,33 @@ class Trainer:
                                                      mb.mask, L.gamma, L.vtrace_rho, L.vtrace_c)
         return prep
 
-    def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared,
-                   version: int) -> dict[str, float]:
-        L = self.lcfg
-        logp, entropy = self._logprobs(mb)
-        staleness = (version - mb.versions) * mb.mask.long()
-        budget = max_completion_tokens(self.cfg)
-        in_loss = prep.ref if L.kl_in == "loss" else None
-        loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
-                                  staleness, L, budget, norm, ref=in_loss, entropy=entropy)
-        if prep.ref is not None and in_loss is None:  # in the reward: logged here
-            kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
-            stats["kl_ref"] = (kl * mb.mask).sum() / max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
-        grad_norm = self.backend.step(loss, L.max_grad_norm)
+    def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared, version: int,
+                   theta: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                   ) -> dict[str, float]:
+        """One update on `mb`; `theta`: pi_theta's logprobs and entropy if already computed."""
+        L, tl = self.lcfg, self.timeline
+        with tl.span("forward"):
+            logp, entropy = self._logprobs(mb) if theta is None else theta
+            staleness = (version - mb.versions) * mb.mask.long()
+            budget = max_completion_tokens(self.cfg)
+            in_loss = prep.ref if L.kl_in == "loss" else None
+            loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
+                                      staleness, L, budget, norm, ref=in_loss, entropy=entropy)
+            if prep.ref is not None and in_loss is None:  # in the reward: logged here
+                kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
+                stats["kl_ref"] = ((kl * mb.mask).sum()
+                                   / max((norm or LossNorm.of(mb.mask)).tokens, 1.0))
+        with tl.span("backward_optimizer"):
+            grad_norm = self.backend.step(loss, L.max_grad_norm)
         stats["loss"] = loss.detach()
         if self.models.critic is not None:
-            values = self.models.values(mb.input_ids)
-            vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
-                                       L.value_clip, L.loss_agg, budget, norm)
+            with tl.span("forward"):
+                values = self.models.values(mb.input_ids)
+                vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
+                                           L.value_clip, L.loss_agg, budget, norm)
             stats.update(vstats)
-            critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
+            with tl.span("backward_optimizer"):
+                critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
         out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
         out["grad_norm"] = grad_norm
         if self.models.critic is not None:

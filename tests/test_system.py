@@ -4,6 +4,8 @@ protocol, accounting and learning rather than sockets."""
 
 from __future__ import annotations
 
+import json
+
 import re
 
 import numpy as np
@@ -165,10 +167,41 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
 def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=300",
-                            "learner.checkpoint_every=0")
+                            "learner.checkpoint_every=0", "learner.trace_steps=3")
     assert s["eval_reward_start"] <= 0.45
     assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
     _check_accounting(s)
+    _check_timeline(run, actors=2, traced=range(6, 9))
+
+
+def _check_timeline(run, actors: int, traced: range) -> None:
+    """Every row's learner fractions sum to 1, the actors' work-loop fractions too once their
+    spans arrive; trace.json holds the traced steps of the learner and of every actor."""
+    from learner.timeline import LEARNER_PHASES
+    from transport.messages import ACTOR_STATES
+
+    rows = procs.metrics(run)
+    for r in rows:
+        learner = [r[f"time_frac_{p}"] for p in LEARNER_PHASES] + [r["time_frac_other"]]
+        assert min(learner) >= 0 and sum(learner) == pytest.approx(1.0), r
+    with_actors = [r for r in rows if "actor_frac_generate" in r]
+    assert len(with_actors) >= len(rows) - 20, len(with_actors)  # from the first heartbeats on
+    for r in with_actors:
+        assert sum(r[f"actor_frac_{s}"] for s in ACTOR_STATES) == pytest.approx(1.0), r
+        assert r["actor_idle_ratio"] == pytest.approx(1.0 - r["actor_frac_generate"])
+    events = json.loads((run / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    expected = ["learner"] + [f"actor local-{i}" for i in range(actors)]
+    assert sorted(names.values()) == sorted(expected)
+    spans = [e for e in events if e["ph"] == "X"]
+    learner = [e for e in spans if e["pid"] == 0]
+    assert sum(e["name"] == "backward_optimizer" for e in learner) == len(traced)
+    lo, hi = json.loads((run / "trace.json").read_text())["otherData"]["window_us"]
+    assert all(lo <= e["ts"] and e["ts"] + e["dur"] <= hi for e in learner)
+    for pid in set(names) - {0}:
+        mine = [e for e in spans if e["pid"] == pid]
+        assert any(e["name"] == "generate" for e in mine), names[pid]
+        assert all(lo <= e["ts"] <= hi for e in mine)  # spans that began in the traced steps
 
 
 def test_checkpoint_then_resume_continues_the_run(tmp_path, tiny_model_dir):

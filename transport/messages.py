@@ -83,11 +83,30 @@ class WorkRequest(msgspec.Struct, tag="work"):
     max_groups: int
 
 
+ACTOR_STATES = ("wait_grant", "wait_weights", "generate", "send")
+"""The states of an actor's work loop, one at a time (learner/timeline.py)."""
+SPAN_STATES = ACTOR_STATES + ("pull_weights",)
+"""What a Span may name: a work-loop state, or a weight pull (which runs beside them)."""
+MAX_SPANS = 4096
+"""Most spans one Heartbeat may carry."""
+
+
+class Span(msgspec.Struct, array_like=True):
+    """A stretch of an actor's wall time in one state (one of SPAN_STATES)."""
+
+    state: str
+    start_us: int
+    """Start, microseconds since the Unix epoch (the actor host's clock)."""
+    dur_us: int
+
+
 class Heartbeat(msgspec.Struct, tag="heartbeat"):
     """Actor -> learner every `transport.heartbeat_s`, also while generating."""
 
     actor_id: str
     weight_version: int
+    spans: list[Span] = []
+    """The actor's time spans since its previous heartbeat (learner/timeline.py)."""
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
