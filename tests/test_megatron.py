@@ -311,7 +311,7 @@ def test_megatron_tests_skip_cleanly_without_megatron_core(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
     counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (\w+)", r.stdout.splitlines()[-1]))
     assert set(counts) == {"skipped", "deselected"}, r.stdout[-2000:]
-    assert counts["skipped"] >= 28, counts  # the megatron tests of this file, parametrized
+    assert counts["skipped"] >= 29, counts  # the megatron tests of this file, parametrized
     reasons = [line for line in r.stdout.splitlines() if line.startswith("SKIPPED")]
     assert reasons and all("needs megatron-core" in line or "CUDA" in line  # the GPU test
                            for line in reasons), reasons
@@ -409,6 +409,37 @@ def test_explicit_causal_mask_and_no_p2p_sync_are_needed():
         _source(P2PCommunicator._communicate)
     with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
         torch.cuda.synchronize()
+
+
+@pytest.mark.megatron
+@cpu_only
+def test_bf16_backward_runs_under_autocast_on_cpu():
+    """Why MegatronBackend runs backward inside models.devices.compute: Megatron's linear layers
+    are autograd Functions whose custom_fwd/custom_bwd handle CUDA autocast only, so on CPU
+    their backward meets the fp32 weight with a bf16 output gradient; under CPU autocast it
+    runs and the gradients come back fp32."""
+    from megatron.core.tensor_parallel.layers import (
+        LinearWithGradAccumulationAndAsyncCommunication as Linear)
+
+    from models.devices import compute
+
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+
+    def forward():
+        with compute(cpu, bf16):  # input, weight, bias, fusion, allreduce_dgrad, seq. parallel, ...
+            return Linear.apply(x, w, None, False, False, False, None, None, None)
+    y = forward()
+    assert y.dtype == bf16
+    with pytest.raises(RuntimeError, match="same dtype"):
+        y.float().sum().backward()
+    y = forward()
+    with compute(cpu, bf16):
+        y.float().sum().backward()
+    assert x.grad.dtype == w.grad.dtype == torch.float32
+    exact = x.detach().sum(0).expand(5, 4)  # d sum(x @ w.T) / d w, each row
+    assert (w.grad - exact).abs().max() <= 3 * BF16_EPS * x.detach().abs().sum(0).max()
 
 
 @pytest.mark.megatron
