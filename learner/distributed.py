@@ -111,7 +111,7 @@ def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, 
     if backend == "megatron":
         from learner.megatron import MegatronBackend
 
-        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp)
+        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp, dtype)
     from learner.fsdp import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model)

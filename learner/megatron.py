@@ -14,6 +14,15 @@
     publishing: each parameter all-gathered over TP, converted to HF names (learner/megatron_convert.py),
                 broadcast from its stage over PP, one tensor at a time
 
+Mixed precision (model.dtype=bfloat16): as the single-process backend, fp32 parameters and AdamW
+state, forward and backward under torch.autocast (models/devices.py `compute`; Megatron's linear
+layers are autograd Functions whose CUDA-only `custom_bwd` would not restore CPU autocast, so
+backward runs inside `compute` too), parameter gradients fp32, summed over data-parallel ranks in
+fp32. Two spec changes keep the HF model's autocast numerics: the residual stream stays fp32
+(`_residual_add`) and attention scores/softmax run in fp32 (`_float32_core_attention`); both are
+bitwise no-ops in float32. Pipeline stages exchange fp32 (PIPELINE_DTYPE). TP partial sums of
+activations (row-parallel outputs, column-parallel input gradients) are all-reduced in bf16.
+
 Optimizer: torch AdamW, not Megatron's DistributedOptimizer (that needs Megatron's DDP grad
 buffers, which are CUDA-only); optimizer state is therefore replicated over data-parallel ranks.
 On CPU (gloo) the redirects in learner/megatron_cpu.py apply; with CUDA the same code runs on
@@ -24,6 +33,7 @@ resume needs the same learner.megatron_tp and megatron_pp (the data-parallel siz
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -35,11 +45,21 @@ import torch.distributed.checkpoint as dcp
 
 from learner import megatron_convert as convert
 from learner.megatron_cpu import cpu_redirects, init_rng_tracker
+from models.devices import compute
+
+PIPELINE_DTYPE = torch.float32
+"""What pipeline stages send each other (activations forward, their gradients back): Megatron
+allocates receive buffers of `config.pipeline_dtype`. float32 under every model.dtype: with
+autocast the residual stream between layers is float32, as in the single-process model."""
 
 
 class MegatronBackend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 device: torch.device, tp: int, pp: int) -> None:
+                 device: torch.device, tp: int, pp: int,
+                 dtype: torch.dtype = torch.float32) -> None:
+        """fp32 parameters and AdamW state; forward and backward passes in `dtype` (autocast,
+        models/devices.py `compute`, as the single-process backend; see "Mixed precision" in
+        the module docstring)."""
         from megatron.core import parallel_state as ps
         from transformers import AutoConfig
 
@@ -51,7 +71,7 @@ class MegatronBackend:
         self.hf = AutoConfig.from_pretrained(self.model_dir)
         convert.check_supported(self.hf, tp, pp)
         torch.manual_seed(seed)
-        self.device, self.tp, self.pp = device, tp, pp
+        self.device, self.tp, self.pp, self.dtype = device, tp, pp, dtype
         ps.destroy_model_parallel()
         ps.initialize_model_parallel(tensor_model_parallel_size=tp,
                                      pipeline_model_parallel_size=pp)
@@ -88,7 +108,7 @@ class MegatronBackend:
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         ids = input_ids.to(self.device)
         if self.pp == 1:
-            with cpu_redirects():
+            with cpu_redirects(), compute(self.device, self.dtype):
                 return _token_logprobs(self.model(**_inputs(ids)), ids, temperature)
         logp = self._last_stage_to_all(self._schedule(ids, temperature, grad=None), ids)
         if torch.is_grad_enabled():
@@ -115,6 +135,8 @@ class MegatronBackend:
         def forward_step(data, model):
             mb_ids, mb_grad = next(data)
             out = model(**_inputs(mb_ids))
+            if not self.last:  # what this stage sends: the receiver's buffer has PIPELINE_DTYPE
+                out = out.to(PIPELINE_DTYPE)
 
             def loss_func(logits, non_loss_data=False):
                 logp = _token_logprobs(logits, mb_ids, temperature)
@@ -123,7 +145,7 @@ class MegatronBackend:
                 return (logp * mb_grad).sum(), torch.tensor(1, dtype=torch.int), {}
             return out, loss_func
 
-        with cpu_redirects():
+        with cpu_redirects(), compute(self.device, self.dtype):
             return get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iter(micro), model=[self.model],
                 num_microbatches=n, seq_length=ids.shape[1], micro_batch_size=ids.shape[0] // n,
@@ -142,7 +164,7 @@ class MegatronBackend:
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         if self.pp == 1:
-            with cpu_redirects():
+            with cpu_redirects(), compute(self.device, self.dtype):
                 loss.backward()
         else:
             ids, temperature, leaf = self._pending
@@ -327,7 +349,8 @@ def _plan(hf, shapes: dict[str, tuple[int, ...]], stage: int,
 
 
 def _build_model(hf, tp: int, pp: int, first: bool, last: bool, device: torch.device):
-    """GPTModel with Megatron-core's local (non-TransformerEngine) layer spec, float32."""
+    """GPTModel with Megatron-core's local (non-TransformerEngine) layer spec, float32
+    parameters; the residual additions are `_residual_add`."""
     import torch.nn.functional as F
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -343,13 +366,48 @@ def _build_model(hf, tp: int, pp: int, first: bool, last: bool, device: torch.de
         bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32, params_dtype=torch.float32,
+        pipeline_dtype=PIPELINE_DTYPE, params_dtype=torch.float32,
         use_cpu_initialization=device.type == "cpu", batch_p2p_sync=False,
         calculate_per_token_loss=True)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    attention = spec.submodules.self_attention
+    attention.submodules = dataclasses.replace(attention.submodules,
+                                               core_attention=_float32_core_attention())
+    spec.submodules = dataclasses.replace(spec.submodules, self_attn_bda=_residual_add,
+                                          mlp_bda=_residual_add)
     with cpu_redirects():
-        model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"),
+        model = GPTModel(config, spec,
                          vocab_size=hf.vocab_size, max_sequence_length=hf.max_position_embeddings,
                          pre_process=first, post_process=last, parallel_output=True,
                          share_embeddings_and_output_weights=hf.tie_word_embeddings,
                          position_embedding_type="rope", rotary_base=convert.rope_theta(hf))
     return model.to(device)
+
+
+def _residual_add(training: bool, fused: bool):
+    """The layer spec's bias-dropout-add (`self_attn_bda`, `mlp_bda`; dropout is 0 and there is
+    no bias): `residual + x` in the promoted dtype. Megatron's own casts the residual to x's
+    dtype, so under autocast the residual stream would become bfloat16 after the first
+    attention block; here it stays float32, as in the HF model under autocast (single-process
+    and fsdp2). Bitwise Megatron's result in float32."""
+    def add(x_with_bias: tuple[torch.Tensor, torch.Tensor | None], residual: torch.Tensor,
+            prob: float) -> torch.Tensor:
+        x, bias = x_with_bias
+        assert bias is None and prob == 0.0, "the backend builds no linear biases, no dropout"
+        return residual + x
+    return add
+
+
+def _float32_core_attention():
+    """Megatron's local DotProductAttention computing scores, softmax and probs @ v in float32
+    (autocast off) and returning q's dtype, as torch's scaled_dot_product_attention (the HF
+    model's attention) does inside for bfloat16 q, k, v; under autocast Megatron's would round
+    the scores to bfloat16 before its softmax. Bitwise the same in float32."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class Float32CoreAttention(DotProductAttention):
+        def forward(self, query, key, value, *args, **kwargs):
+            with torch.autocast(query.device.type, enabled=False):
+                out = super().forward(query.float(), key.float(), value.float(), *args, **kwargs)
+            return out.to(query.dtype)
+    return Float32CoreAttention

@@ -9,8 +9,9 @@ groups are rebuilt for each) and writes to OUT/TPxPP:
 train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
         and the full gradients (HF names) go to OUT/grads_{agg}.*; (2) STEPS steps on batches
         0..STEPS-1, a DCP checkpoint after step CKPT_AT, the published weights after every step,
-        an HF export to OUT/hf.
+        an HF export to OUT/hf, the dtypes of rank 0's parameters and AdamW state.
 resume: a fresh process group loads OUT/ckpt and trains batches CKPT_AT..STEPS-1.
+Arguments K=V among the layouts: config overrides for every run (e.g. model.dtype=bfloat16).
 Only rank 0 writes files (besides the checkpoint's shards).
 """
 
@@ -26,25 +27,26 @@ import torch
 from fsdp_worker import CKPT_AT, LOSS_AGGS, STEPS, config, synthetic_groups, write
 from learner import distributed
 from learner.trainer import Trainer
+from models.devices import torch_dtype
 
 
 def make(cfg, ranks, tp: int, pp: int):
     L = cfg.learner
     backend = distributed.make_backend("megatron", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks, tp=tp, pp=pp)
+                                       L.seed, ranks, torch_dtype(cfg.model.dtype), tp=tp, pp=pp)
     return backend, Trainer(cfg, backend, pad_id=0)
 
 
-def train(out: Path, model_dir: Path, ranks, tp: int, pp: int) -> None:
+def train(out: Path, model_dir: Path, ranks, tp: int, pp: int, overrides: list[str]) -> None:
     for agg in LOSS_AGGS:
         cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
-                     f"learner.loss_agg={agg}")
+                     f"learner.loss_agg={agg}", *overrides)
         backend, trainer = make(cfg, ranks, tp, pp)
         metrics = trainer.step(synthetic_groups(cfg, 0), 0)
         write(out, f"grads_{agg}.safetensors", dict(backend.named_full_tensors(grads=True)))
         if ranks.rank == 0:
             (out / f"grads_{agg}.json").write_text(json.dumps(metrics))
-    cfg = config(model_dir)
+    cfg = config(model_dir, *overrides)
     backend, trainer = make(cfg, ranks, tp, pp)
     rows, times = [], []
     for step in range(STEPS):
@@ -55,15 +57,19 @@ def train(out: Path, model_dir: Path, ranks, tp: int, pp: int) -> None:
         if step + 1 == CKPT_AT:
             backend.save_checkpoint(out / "ckpt", {"version": CKPT_AT})
     backend.export_hf(out / "hf")
+    kept = {"params": sorted({str(p.dtype) for p in backend.model.parameters()}),
+            "optimizer": sorted({str(v.dtype) for state in backend.optimizer.state.values()
+                                 for v in state.values()})}
     if ranks.rank == 0:
+        (out / "dtypes.json").write_text(json.dumps(kept))
         (out / "device.json").write_text(json.dumps({"device": ranks.device.type,
                                                      "dist": torch.distributed.get_backend()}))
         (out / "train_metrics.json").write_text(json.dumps(rows))
         (out / "step_seconds.json").write_text(json.dumps(times))
 
 
-def resume(out: Path, model_dir: Path, ranks, tp: int, pp: int) -> None:
-    cfg = config(model_dir)
+def resume(out: Path, model_dir: Path, ranks, tp: int, pp: int, overrides: list[str]) -> None:
+    cfg = config(model_dir, *overrides)
     backend, trainer = make(cfg, ranks, tp, pp)
     state = backend.load_checkpoint(out / "ckpt")
     for step in range(state["version"], STEPS):
@@ -75,10 +81,11 @@ def main() -> None:
     mode, out, model_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     torch.set_num_threads(1)
     ranks = distributed.start("megatron")
-    for layout in sys.argv[4:]:
+    overrides = [a for a in sys.argv[4:] if "=" in a]
+    for layout in (a for a in sys.argv[4:] if "=" not in a):
         tp, pp = (int(x) for x in layout.split("x"))
         (out / layout).mkdir(exist_ok=True)
-        {"train": train, "resume": resume}[mode](out / layout, model_dir, ranks, tp, pp)
+        {"train": train, "resume": resume}[mode](out / layout, model_dir, ranks, tp, pp, overrides)
     distributed.close(ranks)
 
 
