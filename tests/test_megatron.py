@@ -68,6 +68,17 @@ def _rel_norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
     return (num / den) ** 0.5
 
 
+def _check_bf16_update(got: dict, weights: dict, initial: dict, label: str) -> None:
+    """The weight update `got` (bf16) is within BF16_NOISE x the single-process backend's own
+    bf16-vs-fp32 difference of the single-process bf16 update, and really is not fp32's."""
+    bf16_error = _rel_norm(weights[torch.bfloat16], weights[torch.float32], initial)
+    error = _rel_norm(got, weights[torch.bfloat16], initial)
+    print(f"{label}: update vs single bf16 {error:.2e}, single bf16 vs fp32 {bf16_error:.2e}, "
+          f"max abs weight diff {_max_diff(got, weights[torch.bfloat16]):.2e}")
+    assert error <= BF16_NOISE * bf16_error
+    assert _rel_norm(got, weights[torch.float32], initial) > 100 * TOL
+
+
 NOT_ON_MEGATRON = {"entropy"}
 """Metrics the Megatron backend does not produce: the policy entropy over vocab-parallel logits
 is not built (MegatronBackend.logprobs_entropy returns None; entropy_coef > 0 is refused)."""
@@ -183,12 +194,7 @@ def test_bf16_weights_after_n_steps_match_single_process_bf16(megatron_bf16_runs
     assert json.loads((out / "dtypes.json").read_text()) == {"params": ["torch.float32"],
                                                              "optimizer": ["torch.float32"]}
     assert {t.dtype for t in got.values()} == {torch.float32}
-    bf16_error = _rel_norm(weights[torch.bfloat16], weights[torch.float32], initial)
-    error = _rel_norm(got, weights[torch.bfloat16], initial)
-    print(f"bf16 {layout}: update vs single bf16 {error:.2e}, single bf16 vs fp32 "
-          f"{bf16_error:.2e}, max abs weight diff {_max_diff(got, weights[torch.bfloat16]):.2e}")
-    assert error <= BF16_NOISE * bf16_error
-    assert _rel_norm(got, weights[torch.float32], initial) > 100 * TOL
+    _check_bf16_update(got, weights, initial, f"bf16 {layout}")
     megatron_rows = json.loads((out / "train_metrics.json").read_text())
     for r, m in zip(rows[torch.bfloat16], megatron_rows, strict=True):
         assert m["grad_norm"] == pytest.approx(r["grad_norm"], rel=4 * BF16_EPS)
@@ -547,9 +553,4 @@ def test_gpu_tp2_on_nccl_trains_like_single_process(tmp_path, tiny_model_dir, dt
         return
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     initial = {k: initial[k] for k in got}
-    bf16_error = _rel_norm(weights[torch.bfloat16], weights[torch.float32], initial)
-    error = _rel_norm(got, weights[torch.bfloat16], initial)
-    print(f"bf16 on 2 GPUs: update vs single CPU bf16 {error:.2e}, "
-          f"CPU bf16 vs fp32 {bf16_error:.2e}")
-    assert error <= BF16_NOISE * bf16_error
-    assert _rel_norm(got, weights[torch.float32], initial) > 100 * TOL
+    _check_bf16_update(got, weights, initial, "bf16 on 2 GPUs (vs CPU single)")
