@@ -76,3 +76,25 @@ def _pairs(adapter: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, tuple]]:
         if a is None or b is None or len(adapter) != 2 * len(modules):
             raise ValueError(f"adapter tensors for {module} are not one lora_A + one lora_B")
         yield module, (a, b)
+
+
+def write_adapter(directory, adapter: Mapping[str, torch.Tensor], rank: int, alpha: float,
+                  targets: list[str]) -> None:
+    """`adapter` (wire names) as a PEFT adapter directory: adapter_config.json +
+    adapter_model.safetensors under peft's names, what vLLM's LoRARequest loads. Written to a
+    temporary directory and renamed, so a reader never sees half of it."""
+    import json
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({PEFT_PREFIX + k: v.contiguous() for k, v in adapter.items()},
+              str(tmp / "adapter_model.safetensors"))
+    (tmp / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+        "target_modules": targets, "lora_dropout": 0.0, "bias": "none"}))
+    os.replace(tmp, directory)
