@@ -18,8 +18,8 @@ Behavior logprobs are vLLM's `processed_logprobs`: the tempered distribution act
 
 LoRA runs (`lora_rank > 0`, docs/lora.md): vLLM runs with `enable_lora` (on CPU through its
 PunicaWrapperCPU). The base arrives once and is loaded like full weights; every adapter version
-is written as a PEFT directory beside the model files and added as a new LoRA adapter (id
-version + 1). A request is bound to the adapter it was submitted with, so every token of one
+is written as a PEFT directory beside the model files and added as a new LoRA adapter (a fresh
+id each time, also across learner restarts). A request is bound to the adapter it was submitted with, so every token of one
 vLLM request carries that adapter's version (Tether labels them, not vLLM's version spans).
 Updates: new requests use the new adapter at once; `wait` and `keep` let running requests
 finish on their own adapter (no pause: vLLM cannot move a running request to another
@@ -79,10 +79,13 @@ class VLLMEngine:
         self._tied = False
         """True once vLLM's processes watch this one (the first load)."""
         self.adapter_dir = Path(model_dir) / "adapters"
+        self._adapter = None
+        """LoRA runs: the current version's vLLM LoRARequest (None before the first)."""
         self._loras: dict[int, object] = {}
-        """LoRA runs: version -> its vLLM LoRARequest, while loaded."""
+        """LoRA runs: adapter id -> LoRARequest, for every adapter vLLM holds."""
         self._users: Counter[int] = Counter()
-        """LoRA runs: version -> requests running on its adapter."""
+        """LoRA runs: adapter id -> requests running on it."""
+        self._lora_ids = itertools.count(1)
         lora = {} if not lora_rank else {
             "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
             "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
@@ -115,8 +118,9 @@ class VLLMEngine:
                 seed=versioned_seed(seed + len(ids), version),
                 output_kind=RequestOutputKind.DELTA)
             final = None
-            lora = self._loras.get(version)
-            self._users[version] += 1
+            lora = self._adapter
+            if lora is not None:
+                self._users[lora.lora_int_id] += 1
             try:
                 async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt + ids),
                                                    params, request_id=f"t{next(self._ids)}",
@@ -133,7 +137,8 @@ class VLLMEngine:
                         vers.extend([version] * n if lora is not None
                                     else _span_versions(c.weight_versions, n))
             finally:
-                self._users[version] -= 1
+                if lora is not None:
+                    self._users[lora.lora_int_id] -= 1
             if lora is not None:
                 await self._drop_unused_adapters()
             if final.finish_reason != "abort" or len(ids) >= max_new_tokens:
@@ -150,10 +155,15 @@ class VLLMEngine:
             return
         raw = msgspec.msgpack.encode(manifest)
         args = (raw, [bytes(b) for b in buckets])
-        if manifest.kind == "base":  # before any adapter: nothing runs yet
+        if manifest.kind == "base":  # once per learner run; running requests finish first
             async with self._updating:
                 await self._tie()
+                self._open.clear()
+                await self.llm.pause_generation(mode="wait", clear_cache=False)
                 await self.llm.collective_rpc("tether_load_packed", args=args)
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                self._open.set()
+                await self.llm.resume_generation()
             return
         await self._update(manifest.version, "tether_load_packed", args)
 
@@ -165,27 +175,30 @@ class VLLMEngine:
         from transport.weights import unpack
 
         v, spec = manifest.version, manifest.lora
-        path = self.adapter_dir / f"v{v:08d}"
+        lora_id = next(self._lora_ids)
+        path = self.adapter_dir / f"a{lora_id:08d}-v{v}"
         await asyncio.to_thread(write_adapter, path, unpack(manifest, buckets), spec.rank,
                                 spec.alpha, spec.targets)
-        request = LoRARequest(lora_name=f"v{v}", lora_int_id=v + 1, lora_path=str(path))
+        request = LoRARequest(lora_name=f"a{lora_id}", lora_int_id=lora_id, lora_path=str(path))
         async with self._updating:
             await self._tie()
             await self.llm.add_lora(request)
-            self._loras[v] = request
-            if self.update_mode == "abort" and self.version >= 0:
+            self._loras[lora_id] = request
+            self._adapter = request
+            abort = self.update_mode == "abort" and self.version >= 0
+            if abort:  # running requests end now and are resubmitted with this adapter
                 self._open.clear()
                 await self.llm.pause_generation(mode="abort", clear_cache=False)
             self.version = v
             self._open.set()
-            if self.update_mode == "abort":
+            if abort:
                 await self.llm.resume_generation()
         await self._drop_unused_adapters()
 
     async def _drop_unused_adapters(self) -> None:
         """Remove every adapter older than the current one that no request runs on."""
-        while (old := next((v for v in self._loras
-                            if v != self.version and self._users[v] == 0), None)) is not None:
+        while (old := next((i for i in self._loras if i != self._adapter.lora_int_id
+                            and self._users[i] == 0), None)) is not None:
             request = self._loras.pop(old)  # before the await: no other caller takes it too
             await self.llm.remove_lora(request.lora_int_id)
             shutil.rmtree(request.lora_path)

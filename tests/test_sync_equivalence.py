@@ -61,6 +61,9 @@ def test_eta0_lora_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir)
     assert lp.finish(timeout=300) == 0, lp.tail()
     assert procs.summary(run)["steps"] == STEPS
     assert all(r["staleness_max"] == 0 for r in procs.metrics(run))
+    logs = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert len(logs) == 2 and all(t.count("loaded the base weights") == 1 for t in logs), logs
+    assert all(t.count("(adapter, ") >= 2 and "(full, " not in t for t in logs)  # adapters only
     saved = load_file(str(run / "final_model" / "adapter" / "adapter_model.safetensors"))
     distributed = {hf_name(k): v for k, v in saved.items()}
 
