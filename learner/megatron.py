@@ -38,6 +38,9 @@ from learner.megatron_cpu import cpu_redirects, init_rng_tracker
 
 
 class MegatronBackend:
+    lora = None
+    """LoRA is not built for Megatron (configs/schema.py refuses learner.lora.rank > 0)."""
+
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device, tp: int, pp: int) -> None:
         from megatron.core import parallel_state as ps

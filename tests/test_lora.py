@@ -170,3 +170,69 @@ def test_config_refuses_lora_where_it_is_not_built():
             load_config(None, ["learner.lora.rank=4", bad])
     with pytest.raises(ConfigError, match="learner.lora.targets"):
         load_config(None, ["learner.lora.targets=q_proj,embed"])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="measured 0.30 -> 0.40 held-out (500 steps, r 8, alpha 16, "
+                   "lr 3e-3; 0.32 at r 16, 0.11 at lr 1e-2): adapters on the decoder's linear "
+                   "layers cannot reach 0.8 on the tiny model, whose embeddings and norms must "
+                   "train (test_frozen_embeddings_and_norms_cap_the_tiny_model; docs/lora.md)")
+def test_toy_task_learns_with_lora(tmp_path, tiny_model_dir):
+    import procs
+
+    s, _ = procs.run_inproc(tmp_path / "run", tiny_model_dir, "learner.lora.rank=8",
+                            "learner.lora.alpha=16", "learner.lr=3e-3",
+                            "learner.checkpoint_every=0")
+    print("LoRA toy run: held-out", s["eval_reward_start"], "->", s["eval_reward_end"])
+    assert s["accounting_ok"]
+    assert s["eval_reward_end"] >= 0.8
+
+
+def _supervised_loss(model, task, steps, lr) -> float:
+    """Cross-entropy on the task's ideal answers after `steps` AdamW steps of 64 examples."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for step in range(steps):
+        examples = [task.supervised_example(task.train_prompt(20_000_000 + step * 64 + i))
+                    for i in range(64)]
+        n = max(len(ids) for ids, _ in examples)
+        rows = np.zeros((64, n), np.int64)
+        labels = np.full((64, n), -100, np.int64)
+        for i, (ids, mask) in enumerate(examples):
+            rows[i, :len(ids)] = ids
+            labels[i, :len(ids)] = np.where(mask > 0, ids, -100)
+        logits = model(input_ids=torch.from_numpy(rows)).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(labels)[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+def test_frozen_embeddings_and_norms_cap_the_tiny_model(tiny_model_dir):
+    """Why the toy task does not reach 0.8 with LoRA: supervised on the ideal answers, LoRA
+    (even at rank 64 = the hidden size) stalls where full fine-tuning of every linear layer
+    with the embeddings and norms frozen stalls too, far above full fine-tuning's loss."""
+    from transformers import AutoModelForCausalLM
+
+    from configs.schema import TaskConfig
+    from models.tiny import load_tokenizer
+    from tasks import make_task
+
+    task = make_task(TaskConfig(), load_tokenizer(tiny_model_dir), seed=0)
+
+    def fresh():
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+    full = _supervised_loss(fresh(), task, 100, 3e-3)
+    linears = fresh()
+    for name, p in linears.named_parameters():
+        p.requires_grad_("embed_tokens" not in name and "norm" not in name)
+    frozen = _supervised_loss(linears, task, 100, 3e-3)
+    adapters = _supervised_loss(lora_lib.wrap(fresh(), 64, 64.0, 0.0, list(LORA.target_list())),
+                                task, 100, 3e-3)
+    print(f"supervised loss after 100 steps: full {full:.3f}, linears only {frozen:.3f}, "
+          f"LoRA r64 {adapters:.3f}")
+    assert full < 0.1 < 0.3 < frozen
+    assert abs(adapters - frozen) < 0.05
