@@ -132,6 +132,13 @@ def test_checkpoint_resume_of_adapter_and_optimizer_is_exact(tiny_model_dir, tmp
     straight = _backend(tiny_model_dir)
     _steps(straight, ids, 2)
     straight.save_checkpoint(tmp_path / "ck", {"version": 2})
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(str(tmp_path / "ck" / "dcp")).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert sum(".lora_" in k for k in model_keys) == 28
+    # no frozen base, except the tied head: DCP keeps it as an alias of the frozen embedding
+    assert [k for k in model_keys if ".lora_" not in k] == ["model.base_model.model.lm_head.weight"]
     _steps(straight, ids, 3)
     resumed = _backend(tiny_model_dir)
     assert resumed.load_checkpoint(tmp_path / "ck") == {"version": 2}
