@@ -125,3 +125,21 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
         engine._adapter.lora_int_id}
     assert [p.name for p in engine.adapter_dir.iterdir()] == [
         engine._adapter.lora_path.rsplit("/", 1)[1]]  # the old adapter's directory is gone
+
+
+@pytest.mark.slow
+def test_lora_run_with_a_vllm_actor(tmp_path, tiny_model_dir):
+    """The whole path: learner (LoRA) + one vLLM actor process; the actor loads the base once
+    and then only adapters, the run finishes with its accounting balanced."""
+    import procs
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.num_local=1",
+                       "actors.vllm_kv_cache_gb=0.25", "learner.max_steps=20",
+                       "learner.checkpoint_every=0", "learner.lora.rank=8",
+                       "learner.lora.alpha=16", "learner.lr=3e-3")
+    s = procs.finish_clean(lp, run, steps=20, timeout=900)
+    print("vLLM LoRA run: held-out", s["eval_reward_start"], "->", s["eval_reward_end"])
+    (log,) = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert log.count("loaded the base weights") == 1
+    assert log.count("(adapter, ") >= 5 and "(full, " not in log
