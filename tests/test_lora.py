@@ -243,3 +243,19 @@ def test_frozen_embeddings_and_norms_cap_the_tiny_model(tiny_model_dir):
           f"LoRA r64 {adapters:.3f}")
     assert full < 0.1 < 0.3 < frozen
     assert abs(adapters - frozen) < 0.05
+
+
+def test_manifest_says_what_it_carries_and_is_validated_on_decode():
+    import msgspec
+
+    from transport import messages as m
+
+    packed = pack({"model.layers.0.mlp.up_proj.lora_A.weight": torch.ones(4, 8)}, 3, 1024,
+                  kind="adapter", lora=m.LoraSpec(rank=4, alpha=8.0, targets=["up_proj"]))
+    raw = m.encoder().encode(packed.manifest)
+    got = m.Decoders().weights.decode(raw)
+    assert got.kind == "adapter" and got.lora.scale == 2.0 and got.lora.targets == ["up_proj"]
+    bad = msgspec.msgpack.encode({**msgspec.to_builtins(packed.manifest), "type": "manifest",
+                                  "kind": "delta"})
+    with pytest.raises(msgspec.ValidationError, match="kind"):
+        m.Decoders().weights.decode(bad)
