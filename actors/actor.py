@@ -391,9 +391,13 @@ class Actor:
                             "storage this node shares?); asking again", manifest.version,
                             manifest.path)
                 return
-            await self.client.load_file(manifest.path, manifest.version)
+            if manifest.kind == "adapter":  # small: loaded like buckets received
+                await self.client.load_packed(*await asyncio.to_thread(_packed_file, manifest))
+            else:
+                await self.client.load_file(manifest.path, manifest.version)
             self.weights_stale = False
-            log.info("loaded weights v%d from %s", manifest.version, manifest.path)
+            log.info("loaded weights v%d (%s) from %s", manifest.version, manifest.kind,
+                     manifest.path)
             return
         if manifest.num_buckets == 0:  # we have the learner's newest version
             self.latest_version = manifest.version
@@ -458,6 +462,17 @@ class Actor:
         log.warning("parent process %d is gone: stopping", self.parent_pid)
         self.stopped.set()
         return True
+
+
+def _packed_file(manifest: m.WeightManifest) -> tuple[m.WeightManifest, list]:
+    """A LoRA adapter written to shared storage, as the manifest + buckets of one bucket."""
+    from safetensors.torch import load_file
+
+    from transport.weights import pack
+
+    packed = pack(load_file(manifest.path), manifest.version, 2**62, kind=manifest.kind,
+                  lora=manifest.lora)
+    return packed.manifest, list(packed.buckets)
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

@@ -396,9 +396,6 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(L.lora.rank == 0 or A.engine != "sglang", "actors.engine",
          "hf, vllm or simulated with learner.lora.rank > 0 (SGLang adapters are not built)",
          A.engine)
-    need(L.lora.rank == 0 or T.weights_via == "zmq", "transport.weights_via",
-         "zmq with learner.lora.rank > 0 (adapters over a shared filesystem are not built)",
-         T.weights_via)
     world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
     need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
          "learner.megatron_tp * learner.megatron_pp",

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import torch
 
@@ -205,13 +206,17 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
 def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     """Version `packed` as actors will fetch it: the byte buckets themselves, or a file on
     shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
-    it was told about)."""
+    it was told about). A LoRA version's file holds its adapter (the base goes over ZeroMQ,
+    once per actor), and the notice keeps the manifest's kind and LoRA spec."""
     t = cfg.transport
     if t.weights_via != "filesystem":
         return packed
     directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
     state = unpack(packed.manifest, list(packed.buckets))
-    return write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
+    out = write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
+    notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
+                                     lora=packed.manifest.lora)
+    return PackedWeights(manifest=notice, buckets=())
 
 
 def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:

@@ -171,8 +171,7 @@ def test_config_refuses_lora_where_it_is_not_built():
     from configs.loader import ConfigError, load_config
 
     for bad, field in (("learner.backend=megatron", "learner.backend"),
-                       ("actors.engine=sglang", "actors.engine"),
-                       ("transport.weights_via=filesystem", "transport.weights_via")):
+                       ("actors.engine=sglang", "actors.engine")):
         with pytest.raises(ConfigError, match=field):
             load_config(None, ["learner.lora.rank=4", bad])
     with pytest.raises(ConfigError, match="learner.lora.targets"):
