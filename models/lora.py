@@ -70,12 +70,16 @@ def merge(base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor],
 
 
 def _pairs(adapter: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, tuple]]:
+    """(module, (A, B)) for every adapted module; every tensor must be one of such a pair."""
     modules = sorted({n.rsplit(".lora_", 1)[0] for n in adapter})
     for module in modules:
-        a, b = adapter.get(f"{module}.lora_A.weight"), adapter.get(f"{module}.lora_B.weight")
-        if a is None or b is None or len(adapter) != 2 * len(modules):
+        names = (f"{module}.lora_A.weight", f"{module}.lora_B.weight")
+        if not all(n in adapter for n in names):
             raise ValueError(f"adapter tensors for {module} are not one lora_A + one lora_B")
-        yield module, (a, b)
+        yield module, (adapter[names[0]], adapter[names[1]])
+    if len(adapter) != 2 * len(modules):
+        raise ValueError(f"adapter has tensors that are not lora_A / lora_B pairs: "
+                         f"{sorted(n for n in adapter if not is_adapter(n))}")
 
 
 def write_adapter(directory, adapter: Mapping[str, torch.Tensor], rank: int, alpha: float,
