@@ -8,7 +8,8 @@ train:  (1) for each loss aggregation, one step with clipping off on batch 0: th
         a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export;
         (3) the same with a critic and a reference model (`train_algos`).
 lora:   STEPS steps with LoRA adapters (LORA_OVERRIDES, with the frozen-base KL reference):
-        the adapters after the last step, and an HF export (merged model + adapter).
+        a checkpoint after step CKPT_AT, the adapters after the last step, and an HF export
+        (merged model + adapter).
 resume: a fresh process group loads CKPT (default OUT/ckpt; any backend's checkpoint) and trains
         batches CKPT_AT..STEPS-1; the weights go to OUT/NAME (default resume_final.safetensors).
 Only rank 0 writes files (besides the checkpoint's shards).
@@ -142,7 +143,11 @@ def train_algos(out: Path, model_dir: Path, ranks) -> None:
 def lora(out: Path, model_dir: Path, ranks) -> None:
     cfg = config(model_dir, *LORA_OVERRIDES)
     backend, trainer = make(cfg, ranks)
-    rows = [trainer.step(synthetic_groups(cfg, step), step) for step in range(STEPS)]
+    rows = []
+    for step in range(STEPS):
+        rows.append(trainer.step(synthetic_groups(cfg, step), step))
+        if step + 1 == CKPT_AT:
+            backend.save_checkpoint(out / "lora_ckpt", {"version": CKPT_AT})
     write(out, "lora_adapter.safetensors", dict(backend.named_adapter_tensors()))
     write(out, "lora_base.safetensors", dict(backend.named_full_tensors()))
     backend.export_hf(out / "lora_hf")

@@ -280,3 +280,9 @@ def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora_hf").state_dict()
     want = merge(base, adapter, backend.lora.scale)
     assert max((merged[k] - v).abs().max().item() for k, v in want.items()) == 0
+    # the FSDP2 LoRA checkpoint (adapters + AdamW only) resumes in one process
+    resumed, trainer = _single(cfg)
+    assert resumed.load_checkpoint(tmp_path / "lora_ckpt")["version"] == fsdp_worker.CKPT_AT
+    for s in range(fsdp_worker.CKPT_AT, fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, s), s)
+    assert _max_diff(resumed.adapter_state(), backend.adapter_state()) <= TOL
