@@ -232,12 +232,16 @@ class TensorMeta(msgspec.Struct):
 
 
 class LoraSpec(msgspec.Struct, frozen=True):
-    """The shape of a LoRA adapter (learner.lora): each `targets` layer W of every decoder
+    """Inside a WeightManifest (learner -> actor): the shape of a LoRA adapter (learner.lora).
+    Each `targets` layer W of every decoder
     layer becomes W + (alpha / rank) * B @ A, A (rank, in) and B (out, rank)."""
 
     rank: int
+    """r: rows of A, columns of B."""
     alpha: float
+    """B @ A is scaled by alpha / rank."""
     targets: list[str]
+    """Module names (q_proj, ...) adapted in every decoder layer."""
 
     @property
     def scale(self) -> float:
