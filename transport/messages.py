@@ -233,8 +233,8 @@ class TensorMeta(msgspec.Struct):
 
 class LoraSpec(msgspec.Struct, frozen=True):
     """Inside a WeightManifest (learner -> actor): the shape of a LoRA adapter (learner.lora).
-    Each `targets` layer W of every decoder
-    layer becomes W + (alpha / rank) * B @ A, A (rank, in) and B (out, rank)."""
+    Each `targets` layer W of every decoder layer becomes W + (alpha / rank) * B @ A, with A
+    (rank, in) and B (out, rank)."""
 
     rank: int
     """r: rows of A, columns of B."""
