@@ -128,6 +128,8 @@ class Actor:
         self.run_id: str | None = None
         self.weights_stale = False
         """True after joining a different learner process: reload weights before generating."""
+        self.has_base = False
+        """LoRA runs: the engine holds this learner run's frozen base (asked for until then)."""
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
@@ -206,6 +208,7 @@ class Actor:
             # checkpoint never happened there, so neither our weights nor our idea of the
             # newest version can be trusted.
             self.weights_stale = True
+            self.has_base = False
             self.latest_version = msg.latest_version
             self.news.set()
         else:
@@ -261,7 +264,8 @@ class Actor:
 
             llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                              kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
-                             max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype)
+                             max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype,
+                             lora_rank=self.cfg.learner.lora.rank)
             self._closers.append(llm.shutdown)
             return llm, agent
         if A.engine == "sglang":
@@ -375,43 +379,69 @@ class Actor:
 
     async def _sync_weights(self) -> None:
         """Pull the newest weights from the learner (no-op if we have them). A reply that does
-        not come within peer_timeout_s (learner gone) is abandoned and asked for again."""
+        not come within peer_timeout_s (learner gone) is abandoned and asked for again. A LoRA
+        run sends its frozen base first (once per learner run), then the version's adapter."""
         have = -1 if self.weights_stale else self.client.version
-        await self.weights.send(self.enc.encode(m.WeightRequest(actor_id=self.actor_id,
-                                                                have_version=have)))
-        timeout_ms = self.cfg.transport.peer_timeout_s * 1000
-        while True:
-            if not await self.weights.poll(timeout_ms):
+        await self.weights.send(self.enc.encode(m.WeightRequest(
+            actor_id=self.actor_id, have_version=have, need_base=not self.has_base)))
+        manifest = await self._next_manifest()
+        if manifest is not None and manifest.kind == "base":
+            buckets = await self._buckets(manifest)
+            if buckets is None:
                 return
-            manifest = self.dec.weights.decode(await self.weights.recv())
-            if isinstance(manifest, m.WeightManifest):
-                break  # anything else is the tail of an abandoned reply
+            await self.client.load_packed(manifest, buckets)
+            self.has_base = True
+            log.info("loaded the base weights (%.2f MB)", manifest.total_bytes / 1e6)
+            manifest = await self._next_manifest()
+        if manifest is None:
+            return
         if manifest.path:  # shared-filesystem weights: the notice names the file
             if not Path(manifest.path).is_file():
                 log.warning("weights v%d: %s is not readable here (is transport.weights_dir on "
                             "storage this node shares?); asking again", manifest.version,
                             manifest.path)
                 return
-            await self.client.load_file(manifest.path, manifest.version)
+            if manifest.kind == "adapter":  # small: loaded like buckets received
+                await self.client.load_packed(*await asyncio.to_thread(_packed_file, manifest))
+            else:
+                await self.client.load_file(manifest.path, manifest.version)
             self.weights_stale = False
-            log.info("loaded weights v%d from %s", manifest.version, manifest.path)
+            log.info("loaded weights v%d (%s) from %s", manifest.version, manifest.kind,
+                     manifest.path)
             return
         if manifest.num_buckets == 0:  # we have the learner's newest version
             self.latest_version = manifest.version
             return
+        buckets = await self._buckets(manifest)
+        if buckets is None:
+            return
+        await self.client.load_packed(manifest, buckets)
+        self.weights_stale = False
+        log.info("loaded weights v%d (%s, %.2f MB)", manifest.version, manifest.kind,
+                 manifest.total_bytes / 1e6)
+
+    async def _next_manifest(self) -> m.WeightManifest | None:
+        """The next manifest on the weights socket (None: none within peer_timeout_s)."""
+        while True:
+            if not await self.weights.poll(self.cfg.transport.peer_timeout_s * 1000):
+                return None
+            manifest = self.dec.weights.decode(await self.weights.recv())
+            if isinstance(manifest, m.WeightManifest):
+                return manifest  # anything else is the tail of an abandoned reply
+
+    async def _buckets(self, manifest: m.WeightManifest) -> list | None:
+        """The manifest's buckets, or None if they do not come in time or in order."""
         buckets = []
         for i in range(manifest.num_buckets):
-            if not await self.weights.poll(timeout_ms):
-                return
+            if not await self.weights.poll(self.cfg.transport.peer_timeout_s * 1000):
+                return None
             header_raw, data = await self.weights.recv_multipart(copy=False)
             header = self.dec.weights.decode(header_raw.bytes)
             if not (isinstance(header, m.WeightBucket) and header.index == i
                     and header.version == manifest.version):
-                return  # interleaved with an abandoned reply: ask again
+                return None  # interleaved with an abandoned reply: ask again
             buckets.append(data.buffer)
-        await self.client.load_packed(manifest, buckets)
-        self.weights_stale = False
-        log.info("loaded weights v%d (%.2f MB)", manifest.version, manifest.total_bytes / 1e6)
+        return buckets
 
     async def _run_lease(self, lease: m.Lease) -> m.GroupResult:
         prompt = lease.prompt_ids.to_numpy()
@@ -462,6 +492,17 @@ class SpanLog:
         out = list(self.spans)
         self.spans.clear()
         return out
+
+
+def _packed_file(manifest: m.WeightManifest) -> tuple[m.WeightManifest, list]:
+    """A LoRA adapter written to shared storage, as the manifest + buckets of one bucket."""
+    from safetensors.torch import load_file
+
+    from transport.weights import pack
+
+    packed = pack(load_file(manifest.path), manifest.version, 2**62, kind=manifest.kind,
+                  lora=manifest.lora)
+    return packed.manifest, list(packed.buckets)
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

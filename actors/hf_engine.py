@@ -6,6 +6,10 @@ kernels give bitwise-identical rows whatever else is in the batch, so a sample d
 on which actor ran it or what it was batched with. Behavior logprobs come from one full forward
 pass over prompt + completion padded to prompt + max_new_tokens (a fixed length, again for
 bitwise reproducibility), under the tempered distribution that was sampled from.
+
+LoRA runs: the base (manifest kind "base") is kept as a state dict; every adapter version is
+merged into a copy of it (models/lora.py `merge`, W + (alpha / rank) B @ A) and loaded like
+full weights, so generation costs what it costs without LoRA.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 import torch
 
 from actors.engine import Completion, GenerateRequest, versioned_seed
+from models import lora
 from models.tied import load_state
 from models.logprobs import token_logprobs
 
@@ -34,13 +39,35 @@ class HFEngine:
         self.eos_id = config.eos_token_id
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else self.eos_id
         self.version = -1
+        self.base: dict[str, torch.Tensor] | None = None
+        """LoRA runs: the frozen base weights every adapter is merged into."""
         self._lock = threading.Lock()
 
     def load_packed(self, manifest, buckets: list) -> None:
-        """Load a version received over the weights channel (manifest + raw buckets)."""
+        """Load what arrived over the weights channel (manifest + raw buckets): full weights,
+        a LoRA run's base, or an adapter version (merged into the base)."""
         from transport.weights import unpack
 
-        self.load_weights(unpack(manifest, buckets), manifest.version)
+        state = unpack(manifest, buckets)
+        match manifest.kind:
+            case "full":
+                self.load_weights(state, manifest.version)
+            case "base":
+                self.load_base(state)
+            case "adapter":
+                self.load_adapter(state, manifest.lora.scale, manifest.version)
+
+    def load_base(self, state: dict[str, torch.Tensor]) -> None:
+        """Keep a LoRA run's frozen base; the version stays as it was (no adapter yet)."""
+        with self._lock:
+            load_state(self.model, state, "base weights")
+            self.base = state
+
+    def load_adapter(self, adapter: dict[str, torch.Tensor], scale: float, version: int) -> None:
+        """Version `version` = the base with `adapter` merged in (`load_base` came first)."""
+        if self.base is None:
+            raise ValueError(f"adapter v{version} arrived before the base weights")
+        self.load_weights(lora.merge(self.base, adapter, scale), version)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:

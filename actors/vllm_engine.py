@@ -15,6 +15,16 @@ Weight updates (`actors.update_mode`), all without restarting the engine:
            resubmitted as prompt + generated prefix and continues with the new weights.
 
 Behavior logprobs are vLLM's `processed_logprobs`: the tempered distribution actually sampled.
+
+LoRA runs (`lora_rank > 0`, docs/lora.md): vLLM runs with `enable_lora` (on CPU through its
+PunicaWrapperCPU). The base arrives once and is loaded like full weights; every adapter version
+is written as a PEFT directory beside the model files and added as a new LoRA adapter (a fresh
+id each time, also across learner restarts). A request is bound to the adapter it was submitted with, so every token of one
+vLLM request carries that adapter's version (Tether labels them, not vLLM's version spans).
+Updates: new requests use the new adapter at once; `wait` and `keep` let running requests
+finish on their own adapter (no pause: vLLM cannot move a running request to another
+adapter); `abort` stops them and resubmits prompt + prefix with the new one. An old adapter
+is removed when no request uses it any more.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -31,13 +43,19 @@ import numpy as np
 from actors.engine import Completion, versioned_seed
 
 UPDATE_MODES = ("wait", "keep", "abort")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's allowed `max_lora_rank` values; an adapter of rank r needs the smallest >= r."""
+LORA_SLOTS = 4
+"""Adapters vLLM keeps loaded at once (`max_loras`): old versions still finishing + the new one."""
 
 
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
-                 enforce_eager: bool, max_num_seqs: int, dtype: str = "float32") -> None:
+                 enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
+                 lora_rank: int = 0) -> None:
         """Start vLLM with placeholder weights; nothing is generated before `load_*`.
-        Blocks for the engine start-up (15-60 s on CPU): call it from a worker thread."""
+        Blocks for the engine start-up (15-60 s on CPU): call it from a worker thread.
+        `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank)."""
         import json
 
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -58,12 +76,25 @@ class VLLMEngine:
         self._open = asyncio.Event()
         """Set while requests may be submitted (cleared during a weight update)."""
         self._open.set()
+        self._tied = False
+        """True once vLLM's processes watch this one (the first load)."""
+        self.adapter_dir = Path(model_dir) / "adapters"
+        self._adapter = None
+        """LoRA runs: the current version's vLLM LoRARequest (None before the first)."""
+        self._loras: dict[int, object] = {}
+        """LoRA runs: adapter id -> LoRARequest, for every adapter vLLM holds."""
+        self._users: Counter[int] = Counter()
+        """LoRA runs: adapter id -> requests running on it."""
+        self._lora_ids = itertools.count(1)
+        lora = {} if not lora_rank else {
+            "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
+            "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
             enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             generation_config="vllm", disable_log_stats=True,
-            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension"))
+            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **lora))
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
                              f"model.dtype is {dtype}")
@@ -81,22 +112,35 @@ class VLLMEngine:
         vers: list[int] = []
         while True:
             await self._open.wait()
+            version = self.version
             params = SamplingParams(
                 max_tokens=max_new_tokens - len(ids), temperature=temperature, logprobs=0,
-                seed=versioned_seed(seed + len(ids), self.version),
+                seed=versioned_seed(seed + len(ids), version),
                 output_kind=RequestOutputKind.DELTA)
             final = None
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt + ids), params,
-                                               request_id=f"t{next(self._ids)}"):
-                c = out.outputs[0]
-                ids.extend(c.token_ids)
-                lps.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))
-                self.tokens_out += len(c.token_ids)
-                if self.on_tokens is not None:
-                    self.on_tokens(self.tokens_out)
-                if out.finished:
-                    final = c
-                    vers.extend(_span_versions(c.weight_versions, len(ids) - len(vers)))
+            lora = self._adapter
+            if lora is not None:
+                self._users[lora.lora_int_id] += 1
+            try:
+                async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt + ids),
+                                                   params, request_id=f"t{next(self._ids)}",
+                                                   lora_request=lora):
+                    c = out.outputs[0]
+                    ids.extend(c.token_ids)
+                    lps.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))
+                    self.tokens_out += len(c.token_ids)
+                    if self.on_tokens is not None:
+                        self.on_tokens(self.tokens_out)
+                    if out.finished:
+                        final = c
+                        n = len(ids) - len(vers)
+                        vers.extend([version] * n if lora is not None
+                                    else _span_versions(c.weight_versions, n))
+            finally:
+                if lora is not None:
+                    self._users[lora.lora_int_id] -= 1
+            if lora is not None:
+                await self._drop_unused_adapters()
             if final.finish_reason != "abort" or len(ids) >= max_new_tokens:
                 break
         return Completion(token_ids=np.asarray(ids, dtype=np.int32),
@@ -105,8 +149,65 @@ class VLLMEngine:
                           finish_reason="length" if final.finish_reason == "length" else "stop")
 
     async def load_packed(self, manifest, buckets: list) -> None:
+        """Full weights or a LoRA run's base (loaded in vLLM's worker), or an adapter."""
+        if manifest.kind == "adapter":
+            await self._load_adapter(manifest, buckets)
+            return
         raw = msgspec.msgpack.encode(manifest)
-        await self._update(manifest.version, "tether_load_packed", (raw, [bytes(b) for b in buckets]))
+        args = (raw, [bytes(b) for b in buckets])
+        if manifest.kind == "base":  # once per learner run; running requests finish first
+            async with self._updating:
+                await self._tie()
+                self._open.clear()
+                await self.llm.pause_generation(mode="wait", clear_cache=False)
+                await self.llm.collective_rpc("tether_load_packed", args=args)
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                self._open.set()
+                await self.llm.resume_generation()
+            return
+        await self._update(manifest.version, "tether_load_packed", args)
+
+    async def _load_adapter(self, manifest, buckets: list) -> None:
+        """Add version `manifest.version`'s adapter; new requests use it from now on."""
+        from vllm.lora.request import LoRARequest
+
+        from models.lora import write_adapter
+        from transport.weights import unpack
+
+        v, spec = manifest.version, manifest.lora
+        lora_id = next(self._lora_ids)
+        path = self.adapter_dir / f"a{lora_id:08d}-v{v}"
+        await asyncio.to_thread(write_adapter, path, unpack(manifest, buckets), spec.rank,
+                                spec.alpha, spec.targets)
+        request = LoRARequest(lora_name=f"a{lora_id}", lora_int_id=lora_id, lora_path=str(path))
+        async with self._updating:
+            await self._tie()
+            await self.llm.add_lora(request)
+            self._loras[lora_id] = request
+            self._adapter = request
+            abort = self.update_mode == "abort" and self.version >= 0
+            if abort:  # running requests end now and are resubmitted with this adapter
+                self._open.clear()
+                await self.llm.pause_generation(mode="abort", clear_cache=False)
+            self.version = v
+            self._open.set()
+            if abort:
+                await self.llm.resume_generation()
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Remove every adapter older than the current one that no request runs on."""
+        while (old := next((i for i in self._loras if i != self._adapter.lora_int_id
+                            and self._users[i] == 0), None)) is not None:
+            request = self._loras.pop(old)  # before the await: no other caller takes it too
+            await self.llm.remove_lora(request.lora_int_id)
+            shutil.rmtree(request.lora_path)
+
+    async def _tie(self) -> None:
+        """On the first load: tie vLLM's processes to this one's lifetime."""
+        if not self._tied:
+            await self.llm.collective_rpc("tether_die_with", args=(os.getpid(),))
+            self._tied = True
 
     async def load_file(self, path: str, version: int) -> None:
         await self._update(version, "tether_load_file", (path,))
@@ -114,8 +215,7 @@ class VLLMEngine:
     async def _update(self, version: int, method: str, args: tuple) -> None:
         async with self._updating:
             self._open.clear()
-            if self.version < 0:  # first load: tie vLLM's processes to this one's lifetime
-                await self.llm.collective_rpc("tether_die_with", args=(os.getpid(),))
+            await self._tie()
             await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
             await self.llm.collective_rpc(method, args=args)
             await self.llm.reset_prefix_cache(reset_running_requests=True)

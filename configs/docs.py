@@ -73,14 +73,21 @@ def _table(cls: type, prefix: str) -> list[str]:
 
 def render() -> str:
     """The whole of docs/configuration.md."""
-    lines = [HEADER, "## Top level", "", *_table(TetherConfig, "")]
-    docs, default = field_docs(TetherConfig), TetherConfig()
-    for f in msgspec.structs.fields(TetherConfig):
+    return "\n".join([HEADER, "## Top level", "", *_table(TetherConfig, ""),
+                      *_sections(TetherConfig, "")]) + "\n"
+
+
+def _sections(cls: type, prefix: str) -> list[str]:
+    """A heading and a table for every section inside `cls`, then for the sections in those."""
+    lines: list[str] = []
+    docs, default = field_docs(cls), cls()
+    for f in msgspec.structs.fields(cls):
         section = getattr(default, f.name)
         if isinstance(section, msgspec.Struct):
-            lines += ["", f"## `{f.name}`: {_cell(docs.get(f.name, ''))}", "",
-                      *_table(type(section), f.name + ".")]
-    return "\n".join(lines) + "\n"
+            key = prefix + f.name
+            lines += ["", f"## `{key}`: {_cell(docs.get(f.name, ''))}", "",
+                      *_table(type(section), key + "."), *_sections(type(section), key + ".")]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

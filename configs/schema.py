@@ -108,6 +108,29 @@ class TaskConfig(Section):
     """Reward subtracted from a sample that uses the whole budget (linear within overlong_buffer)."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Linear layers of a Qwen2/Llama decoder layer that LoRA can adapt (`learner.lora.targets`)."""
+_TARGET = "|".join(LORA_TARGETS)
+TargetList = Annotated[str, Meta(pattern=rf"^\s*({_TARGET})\s*(,\s*({_TARGET})\s*)*$",
+                                 description=f"a comma-separated subset of {LORA_TARGETS}")]
+"""Comma-separated names from LORA_TARGETS."""
+
+
+class LoraConfig(Section):
+    rank: NonNegative = 0
+    """LoRA rank r of every adapted layer (0 = off: the full weights train; docs/lora.md)."""
+    alpha: Positive = 16.0
+    """LoRA alpha: the adapter's update B @ A is scaled by alpha / rank."""
+    dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    """Dropout on the adapter's input while training (0 = none; then rollouts and training see
+    the same function)."""
+    targets: TargetList = ",".join(LORA_TARGETS)
+    """Comma-separated linear layers of every decoder layer that get an adapter."""
+
+    def target_list(self) -> list[str]:
+        return [t.strip() for t in self.targets.split(",")]
+
+
 class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
@@ -211,6 +234,8 @@ class LearnerConfig(Section):
     and more prompts are leased to fill the batch."""
     mask_truncated: bool = False
     """Samples that used the whole completion budget without ending get no gradient."""
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
+    """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
 
 
 class ActorsConfig(Section):
@@ -371,6 +396,11 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
                                      and L.advantage not in ("gae", "vtrace")),
          "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
          "(not built for megatron yet)", L.backend)
+    need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
+         "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
+    need(L.lora.rank == 0 or A.engine != "sglang", "actors.engine",
+         "hf, vllm or simulated with learner.lora.rank > 0 (SGLang adapters are not built)",
+         A.engine)
     world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
     need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
          "learner.megatron_tp * learner.megatron_pp",

@@ -1,7 +1,8 @@
 """One checkpoint format for every backend: `torch.distributed.checkpoint` directories.
 
     step_N/
-      dcp/          model (+ AdamW state once it exists), written by every rank (its shards)
+      dcp/          model (+ AdamW state once it exists), written by every rank (its shards);
+                    LoRA: the adapters and their AdamW state only
       backend.json  {"backend", "ranks", "optimizer"}: who wrote it (informational)
       state.json    the learner's own state (version, prompt cursor, leases, buffer counters)
       buffer.npz    the waiting groups (buffer/record.py codec; written by learner/main.py)
@@ -9,7 +10,8 @@
 State dicts go through `get_state_dict` / `set_state_dict`, which name parameters the same
 way for a plain module and an FSDP2-sharded one, so a checkpoint written by `single` resumes
 under `fsdp2` on any number of ranks and the other way round. Without a process group (the
-`single` backend) DCP reads and writes in this process alone.
+`single` backend) DCP reads and writes in this process alone. Frozen parameters (a LoRA run's
+base) are left out: they never change, and the run rebuilds them from model.path.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 
 def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
@@ -50,14 +53,21 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     dcp.load(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+                       optim_state_dict=state["optimizer"], options=_options(model))
     else:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=_options(model))
     return json.loads((path / "state.json").read_text())
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool) -> dict:
     if not with_optimizer:
-        return {"model": get_model_state_dict(model)}
-    model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": get_model_state_dict(model, options=_options(model))}
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
     return {"model": model_state, "optimizer": optim_state}
+
+
+def _options(model: torch.nn.Module) -> StateDictOptions:
+    """Leave frozen parameters out (DCP still fails on any trainable key the checkpoint lacks;
+    `strict=False` only lets the frozen ones stay as they were)."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)

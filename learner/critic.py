@@ -5,6 +5,8 @@
                it is sharded like the policy under FSDP2. Needed by advantage gae / vtrace.
     reference  the HF causal LM in model.ref_path (default model.path: the initial weights),
                frozen, in a backend of its own (sharded likewise). Loaded when kl_coef > 0.
+               With LoRA and no ref_path: the policy itself with its adapters disabled
+               (`FrozenBase`, peft's disable_adapter): the frozen base, no second copy.
 
 Both are built on every learner rank in the same order (FSDP2 collectives) by
 learner/distributed.py `make_models`. The critic is
@@ -49,6 +51,18 @@ class ValueModel(torch.nn.Module):
         position t, i.e. of the state in which the token of column t is sampled."""
         hidden = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
         return self.value_head(hidden[:, :-1]).squeeze(-1).clone()  # not a view (FSDP2 hooks)
+
+
+class FrozenBase:
+    """The KL reference of a LoRA run: the policy backend's forward with the adapters off
+    (peft's `disable_adapter`), i.e. exactly the frozen base model; nothing is loaded twice."""
+
+    def __init__(self, policy: Backend) -> None:
+        self.policy = policy
+
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        with self.policy.model.disable_adapter():
+            return self.policy.logprobs(input_ids, temperature)
 
 
 @dataclass

@@ -4,6 +4,8 @@ tells the other ranks, one command at a time, which collective step comes next.
     rank 0: learner/main.py through `Leader`            ranks 1..N-1: `follow()`
       step(groups, v)   ── STEP v + the batch ──────▶   Trainer.step(groups, v) on its share
       gather_weights(v) ── GATHER v ────────────────▶   all-gather each tensor, drop it
+                           (LoRA: the adapter's tensors only)
+      gather_base()     ── GATHER_BASE ───────────▶   LoRA, once: the frozen base, likewise
       save_checkpoint   ── SAVE + directory ────────▶   write its shards
       export_hf         ── EXPORT + directory ──────▶   all-gather each tensor, drop it
       idle()            ── IDLE (every 5 s waiting) ▶   nothing; keeps the group timeout for hangs
@@ -36,9 +38,9 @@ import torch.distributed as dist
 
 from buffer import record
 from buffer.record import TrajGroup
-from configs.schema import TetherConfig
+from configs.schema import LoraConfig, TetherConfig
 from learner.backend import Backend, SingleProcessBackend
-from learner.critic import AlgoModels, ValueModel, needs_critic
+from learner.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
 from learner.trainer import Trainer
 from models.devices import resolve_device
 from transport.weights import PackedWeights, pack
@@ -53,6 +55,7 @@ class Op(enum.IntEnum):
     SAVE = 3
     EXPORT = 4
     STOP = 5
+    GATHER_BASE = 6
 
 
 @dataclass(frozen=True)
@@ -102,27 +105,32 @@ def close(ranks: Ranks) -> None:
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  ranks: Ranks, dtype: torch.dtype = torch.float32, *, tp: int = 1,
-                 pp: int = 1, model: torch.nn.Module | None = None) -> Backend:
+                 pp: int = 1, model: torch.nn.Module | None = None,
+                 lora: LoraConfig | None = None) -> Backend:
     """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only). `model`: train
-    that module (the critic) instead of the causal LM in `model_dir` (single, fsdp2)."""
+    that module (the critic) instead of the causal LM in `model_dir` (single, fsdp2). `lora`:
+    train adapters on the frozen model (single, fsdp2; `learner.lora`)."""
     if backend == "single":
         return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype,
-                                    model=model)
+                                    model=model, lora=lora)
     if backend == "megatron":
         from learner.megatron import MegatronBackend
 
         return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp, dtype)
     from learner.fsdp import FSDP2Backend
 
-    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model)
+    return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model,
+                        lora=lora)
 
 
-def make_models(cfg: TetherConfig, ranks: Ranks) -> AlgoModels:
+def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) -> AlgoModels:
     """The frozen reference (kl_coef > 0) and the critic (gae, vtrace) this config needs,
     with learner.backend (learner/critic.py); every rank calls it, in this order."""
     L, M = cfg.learner, cfg.model
     out = AlgoModels()
-    if L.kl_coef > 0:
+    if L.kl_coef > 0 and policy is not None and policy.lora is not None and not M.ref_path:
+        out.reference = FrozenBase(policy)  # the policy with its adapters off: no second copy
+    elif L.kl_coef > 0:
         out.reference = make_backend(L.backend, Path(M.ref_path or M.path), 0.0, 0.0, L.seed,
                                      ranks)
         out.reference.model.requires_grad_(False)
@@ -158,10 +166,21 @@ class Leader:
         return self.trainer.step(groups, version)
 
     def gather_weights(self, version: int) -> PackedWeights:
-        """Gather the full weights tensor by tensor into buckets (only rank 0 keeps them); the
-        learner then announces them (LearnerServer.announce)."""
+        """Gather the full weights (LoRA: the adapter) tensor by tensor into buckets (only rank
+        0 keeps them); the learner then announces them (LearnerServer.announce)."""
         self._send(Op.GATHER, version)
+        if self.backend.lora is not None:
+            return pack(self.backend.named_adapter_tensors(), version, self.bucket_bytes,
+                        kind="adapter", lora=self.backend.lora)
         return pack(self.backend.named_full_tensors(), version, self.bucket_bytes)
+
+    def gather_base(self) -> PackedWeights | None:
+        """LoRA: the frozen base weights, gathered once (actors get them when they join);
+        None when the full weights train."""
+        if self.backend.lora is None:
+            return None
+        self._send(Op.GATHER_BASE, -1)
+        return pack(self.backend.named_full_tensors(), -1, self.bucket_bytes, kind="base")
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         self._send(Op.SAVE, 0, _path_array(path))
@@ -207,6 +226,11 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
                 trainer.step(record.from_arrays(arrays), version)
                 steps += 1
             case Op.GATHER:
+                named = (backend.named_full_tensors() if backend.lora is None
+                         else backend.named_adapter_tensors())
+                for _ in named:
+                    pass
+            case Op.GATHER_BASE:
                 for _ in backend.named_full_tensors():
                     pass
             case Op.SAVE:
@@ -222,7 +246,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
 PATH = {"path": np.dtype(np.uint8)}
 PAYLOADS: dict[Op, dict[str, np.dtype]] = {
     Op.IDLE: {}, Op.STEP: record.SCHEMA, Op.GATHER: {}, Op.SAVE: PATH, Op.EXPORT: PATH,
-    Op.STOP: {},
+    Op.STOP: {}, Op.GATHER_BASE: {},
 }
 """The arrays each command carries after its [op, version] head, in broadcast order."""
 

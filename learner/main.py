@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import torch
 
@@ -73,9 +74,10 @@ def run(cfg: TetherConfig) -> dict | None:
     L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
                                        devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
-                                       pp=L.megatron_pp)
+                                       pp=L.megatron_pp, lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
-                      models=distributed.make_models(cfg, ranks), eos_id=tokenizer.eos_token_id)
+                      models=distributed.make_models(cfg, ranks, backend),
+                      eos_id=tokenizer.eos_token_id)
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
@@ -110,7 +112,7 @@ class LeadState:
     version: int
     """Policy version = optimizer steps done."""
     packed: PackedWeights
-    """The gathered weights of `version`."""
+    """The gathered weights of `version` (LoRA: its adapter)."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None) -> LeadState:
@@ -130,15 +132,18 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
         team.trainer.models.load(checkpoint)
+    base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
     packed = team.gather_weights(version)
     eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
+    if base is not None:
+        eval_engine.load_packed(base.manifest, list(base.buckets))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %.3f", version, eval_start)
 
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
-                           version)
+                           version, base=base)
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
     server.announce(version, _for_actors(cfg, packed))
@@ -214,18 +219,22 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
 def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     """Version `packed` as actors will fetch it: the byte buckets themselves, or a file on
     shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
-    it was told about)."""
+    it was told about). A LoRA version's file holds its adapter (the base goes over ZeroMQ,
+    once per actor), and the notice keeps the manifest's kind and LoRA spec."""
     t = cfg.transport
     if t.weights_via != "filesystem":
         return packed
     directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
     state = unpack(packed.manifest, list(packed.buckets))
-    return write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
+    out = write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
+    notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
+                                     lora=packed.manifest.lora)
+    return PackedWeights(manifest=notice, buckets=())
 
 
 def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:
     """Held-out reward of the published weights `packed` (no second gather of the model)."""
-    engine.load_weights(unpack(packed.manifest, list(packed.buckets)), packed.manifest.version)
+    engine.load_packed(packed.manifest, list(packed.buckets))
     return evaluate(engine, task, cfg, tokenizer)
 
 

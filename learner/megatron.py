@@ -54,6 +54,9 @@ autocast the residual stream between layers is float32, as in the single-process
 
 
 class MegatronBackend:
+    lora = None
+    """LoRA is not built for Megatron (configs/schema.py refuses learner.lora.rank > 0)."""
+
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device, tp: int, pp: int,
                  dtype: torch.dtype = torch.float32) -> None:

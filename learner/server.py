@@ -62,7 +62,10 @@ class ActorState:
 
 class LearnerServer(threading.Thread):
     def __init__(self, cfg: TetherConfig, buffer: ReplayBuffer, leases: LeaseTable,
-                 model_dir: Path, vocab_size: int, version: int) -> None:
+                 model_dir: Path, vocab_size: int, version: int,
+                 base: PackedWeights | None = None) -> None:
+        """`base`: a LoRA run's frozen base weights, sent before the first version to every
+        actor that asks for them (`WeightRequest.need_base`); None when full weights train."""
         super().__init__(name="learner-io", daemon=True)
         self.cfg = cfg
         self.tcfg = cfg.transport
@@ -71,6 +74,7 @@ class LearnerServer(threading.Thread):
         self.vocab_size = vocab_size
         self.version = version
         self.packed: PackedWeights | None = None
+        self.base = base
         self.run_id = uuid.uuid4().hex[:12]
         self.model_files = _model_files(model_dir)
         self.actors: dict[str, ActorState] = {}
@@ -463,6 +467,12 @@ class LearnerServer(threading.Thread):
             empty = m.WeightManifest(version=self.version, tensors=[], num_buckets=0, total_bytes=0)
             self.weights.send_multipart([identity, self._enc.encode(empty)])
             return
+        if req.need_base and self.base is not None:
+            self._send_weights(identity, self.base)
+        self._send_weights(identity, packed)
+
+    def _send_weights(self, identity: bytes, packed: PackedWeights) -> None:
+        """The manifest, then every bucket (header frame + zero-copy bytes)."""
         self.weights.send_multipart([identity, self._enc.encode(packed.manifest)])
         for i, data in enumerate(packed.buckets):
             header = self._enc.encode(m.WeightBucket(version=packed.manifest.version, index=i,

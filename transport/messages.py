@@ -17,13 +17,14 @@ Channels (learner binds, actors connect):
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
-leases_held."""
+leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -233,6 +234,9 @@ class WeightRequest(msgspec.Struct, tag="weight_request"):
 
     actor_id: str
     have_version: int
+    need_base: bool = False
+    """LoRA runs: the actor has no base weights of this run yet; the base (kind "base") is sent
+    before the version. Ignored when the run trains full weights."""
 
 
 class TensorMeta(msgspec.Struct):
@@ -246,18 +250,45 @@ class TensorMeta(msgspec.Struct):
     nbytes: int
 
 
+class LoraSpec(msgspec.Struct, frozen=True):
+    """Inside a WeightManifest (learner -> actor): the shape of a LoRA adapter (learner.lora).
+    Each `targets` layer W of every decoder layer becomes W + (alpha / rank) * B @ A, with A
+    (rank, in) and B (out, rank)."""
+
+    rank: int
+    """r: rows of A, columns of B."""
+    alpha: float
+    """B @ A is scaled by alpha / rank."""
+    targets: list[str]
+    """Module names (q_proj, ...) adapted in every decoder layer."""
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+WEIGHT_KINDS = ("full", "base", "adapter")
+"""What a WeightManifest carries: the whole policy | the frozen base of a LoRA run (sent once
+per actor, before its first adapter) | a version's adapter tensors (models/lora.py names)."""
+
+
 class WeightManifest(msgspec.Struct, tag="manifest"):
     """Learner -> actor: version `version` follows as `num_buckets` WeightBucket messages.
 
     With shared-filesystem weights (`transport.weights_via: filesystem`) `path` names the
     safetensors file of this version and no buckets follow. `num_buckets == 0` with no `path`
-    means the actor already has the newest version."""
+    means the actor already has the newest version. A LoRA run answers a request with
+    `need_base` by a "base" manifest and its buckets, then the version's "adapter" manifest."""
 
     version: int
     tensors: list[TensorMeta]
     num_buckets: int
     total_bytes: int
     path: str = ""
+    kind: Literal["full", "base", "adapter"] = "full"
+    """One of WEIGHT_KINDS."""
+    lora: LoraSpec | None = None
+    """The adapter's rank, alpha and targets (set exactly when `kind` is "adapter")."""
 
 
 class WeightBucket(msgspec.Struct, tag="bucket"):

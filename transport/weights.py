@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from transport.messages import TensorMeta, WeightManifest
+from transport.messages import LoraSpec, TensorMeta, WeightManifest
 
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -31,10 +31,11 @@ class PackedWeights:
 
 
 def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int,
-         bucket_bytes: int) -> PackedWeights:
+         bucket_bytes: int, kind: str = "full", lora: LoraSpec | None = None) -> PackedWeights:
     """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own).
     `state` may be a generator of (name, tensor): each tensor is needed only until it is packed,
-    so a sharded learner can gather one full tensor at a time."""
+    so a sharded learner can gather one full tensor at a time. `kind`, `lora`: what the
+    manifest says it carries (transport/messages.py WEIGHT_KINDS)."""
     metas: list[TensorMeta] = []
     buckets: list[bytes] = []
     current: list[bytes] = []
@@ -54,7 +55,7 @@ def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
     if current:
         buckets.append(b"".join(current))
     manifest = WeightManifest(version=version, tensors=metas, num_buckets=len(buckets),
-                              total_bytes=sum(len(b) for b in buckets))
+                              total_bytes=sum(len(b) for b in buckets), kind=kind, lora=lora)
     return PackedWeights(manifest=manifest, buckets=tuple(buckets))
 
 
