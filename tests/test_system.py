@@ -56,7 +56,7 @@ def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
     files = sorted(p.name for p in shared.glob("v*.safetensors"))
     assert files == [f"v{v:08d}.safetensors" for v in range(5, 9)], files
     for name in ("actor-local-0", "actor-local-1"):
-        loaded = re.findall(r"loaded weights v(\d+) from (\S+)", "\n".join(logs.lines[name]))
+        loaded = re.findall(r"loaded weights v(\d+) \(full\) from (\S+)", "\n".join(logs.lines[name]))
         assert loaded and all(path.startswith(str(shared)) for _, path in loaded), loaded
 
 
