@@ -395,6 +395,12 @@ class Actor:
             manifest = await self._next_manifest()
         if manifest is None:
             return
+        if manifest.kind == "adapter" and not self.has_base:
+            # the answer to a request sent before we joined a new learner run (ZeroMQ delivered
+            # it there): the next request asks for that run's base first
+            log.info("weights v%d: an adapter without this learner run's base; asking again",
+                     manifest.version)
+            return
         if manifest.path:  # shared-filesystem weights: the notice names the file
             if not Path(manifest.path).is_file():
                 log.warning("weights v%d: %s is not readable here (is transport.weights_dir on "

@@ -51,10 +51,12 @@ class EngineClient:
                 results = await asyncio.to_thread(self.engine.generate, [r for r, _ in batch])
             except Exception as e:  # the agents awaiting these requests get the error
                 for _, fut in batch:
-                    fut.set_exception(e)
+                    if not fut.done():
+                        fut.set_exception(e)
                 return
             for (_, fut), res in zip(batch, results):
-                fut.set_result(res)
+                if not fut.done():  # cancelled meanwhile: its rollout was abandoned (rejoin)
+                    fut.set_result(res)
 
     async def load_packed(self, manifest, buckets: list) -> None:
         """Load new weights once the running batch (if any) has finished."""
