@@ -109,31 +109,38 @@ def train(out: Path, model_dir: Path, ranks) -> None:
         write(out, f"grads_{agg}.safetensors", grads)
         if ranks.rank == 0:
             (out / f"grads_{agg}.json").write_text(json.dumps(metrics))
-    cfg = config(model_dir)
-    backend, trainer = make(cfg, ranks)
-    rows = []
-    for step in range(STEPS):
-        rows.append(trainer.step(synthetic_groups(cfg, step), step))
+    def weights_after(backend, step: int) -> None:
         write(out, f"train_{step + 1}.safetensors", dict(backend.named_full_tensors()))
-        if step + 1 == CKPT_AT:
-            backend.save_checkpoint(out / "ckpt", {"version": CKPT_AT})
+
+    backend, _, rows = _steps(config(model_dir), ranks, out / "ckpt", each=weights_after)
     backend.export_hf(out / "hf")
     if ranks.rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(rows))
     train_algos(out, model_dir, ranks)
 
 
-def train_algos(out: Path, model_dir: Path, ranks) -> None:
-    """STEPS steps with the critic and the reference (ALGO_OVERRIDES): policy and critic
-    weights at the end, metrics, and a checkpoint (policy + critic) after step CKPT_AT."""
-    cfg = config(model_dir, *ALGO_OVERRIDES)
+def _steps(cfg, ranks, ckpt: Path, each=None, with_models: bool = False):
+    """STEPS steps on the synthetic batches, `each(backend, step)` after every one, and a
+    checkpoint in `ckpt` after step CKPT_AT (with the critic and reference if `with_models`).
+    Returns the backend, the trainer and the metric rows."""
     backend, trainer = make(cfg, ranks)
     rows = []
     for step in range(STEPS):
         rows.append(trainer.step(synthetic_groups(cfg, step), step))
+        if each is not None:
+            each(backend, step)
         if step + 1 == CKPT_AT:
-            backend.save_checkpoint(out / "algo_ckpt", {"version": CKPT_AT})
-            trainer.models.save(out / "algo_ckpt")
+            backend.save_checkpoint(ckpt, {"version": CKPT_AT})
+            if with_models:
+                trainer.models.save(ckpt)
+    return backend, trainer, rows
+
+
+def train_algos(out: Path, model_dir: Path, ranks) -> None:
+    """STEPS steps with the critic and the reference (ALGO_OVERRIDES): policy and critic
+    weights at the end, metrics, and a checkpoint (policy + critic) after step CKPT_AT."""
+    backend, trainer, rows = _steps(config(model_dir, *ALGO_OVERRIDES), ranks,
+                                    out / "algo_ckpt", with_models=True)
     write(out, "algo_policy.safetensors", dict(backend.named_full_tensors()))
     write(out, "algo_critic.safetensors", dict(trainer.models.critic.named_full_tensors()))
     if ranks.rank == 0:
@@ -141,13 +148,7 @@ def train_algos(out: Path, model_dir: Path, ranks) -> None:
 
 
 def lora(out: Path, model_dir: Path, ranks) -> None:
-    cfg = config(model_dir, *LORA_OVERRIDES)
-    backend, trainer = make(cfg, ranks)
-    rows = []
-    for step in range(STEPS):
-        rows.append(trainer.step(synthetic_groups(cfg, step), step))
-        if step + 1 == CKPT_AT:
-            backend.save_checkpoint(out / "lora_ckpt", {"version": CKPT_AT})
+    backend, _, rows = _steps(config(model_dir, *LORA_OVERRIDES), ranks, out / "lora_ckpt")
     write(out, "lora_adapter.safetensors", dict(backend.named_adapter_tensors()))
     write(out, "lora_base.safetensors", dict(backend.named_full_tensors()))
     backend.export_hf(out / "lora_hf")
