@@ -18,7 +18,6 @@ message, the actor says Hello again on the same sockets; work in progress carrie
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import enum
 import json
@@ -35,6 +34,7 @@ import zmq.asyncio
 from actors.agents import make_agent
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.single_turn import SingleTurnAgent
+from actors.spans import SpanLog
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
@@ -478,26 +478,6 @@ class Actor:
         log.warning("parent process %d is gone: stopping", self.parent_pid)
         self.stopped.set()
         return True
-
-
-class SpanLog:
-    """This actor's time spans since its last heartbeat (learner/timeline.py); the oldest go
-    first past transport.messages.MAX_SPANS."""
-
-    def __init__(self) -> None:
-        self.spans: collections.deque[m.Span] = collections.deque(maxlen=m.MAX_SPANS)
-
-    @contextlib.contextmanager
-    def span(self, state: str):
-        t0 = time.time()
-        yield
-        self.spans.append(m.Span(state=state, start_us=int(t0 * 1e6),
-                                 dur_us=int((time.time() - t0) * 1e6)))
-
-    def drain(self) -> list[m.Span]:
-        out = list(self.spans)
-        self.spans.clear()
-        return out
 
 
 def _packed_file(manifest: m.WeightManifest) -> tuple[m.WeightManifest, list]:

@@ -15,7 +15,7 @@ Each metrics row has `time_frac_<phase>` = the phase's seconds / the step's wall
 end of the previous step), `time_frac_other` for the rest (they sum to 1), and `idle_ratio` =
 `time_frac_wait_buffer`.
 
-Actors: their work loop is in one state at a time (actors/actor.py `SpanLog`): wait_grant
+Actors: their work loop is in one state at a time (actors/spans.py `SpanLog`): wait_grant
 (asking for leases), wait_weights (a lease needs a newer version), generate, send (the learner's
 backpressure). Weight pulls (pull_weights) run beside them. The spans ride on heartbeats; each row
 has `actor_frac_<state>` over the spans of all actors that arrived since the previous row (the
