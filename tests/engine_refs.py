@@ -106,6 +106,28 @@ def check_logprobs_then_after_update(engine, model_dir, temperature):
         assert worst < 1e-3, f"v{version}: engine vs learner logprobs differ by {worst}"
 
 
+def generate_across_update(engine, ps, max_new_tokens: int, update, after=None):
+    """Sample from every prompt (seed 100 + i, T = 1); once the engine has produced about two
+    tokens per request, await `update()`, then `after()` if given (requests made after the
+    update, while the first ones still run). Returns (the first completions, after's result)."""
+    started = asyncio.Event()
+    target = engine.tokens_out + 2 * len(ps)
+    engine.on_tokens = lambda n: started.set() if n >= target else None
+
+    async def run():
+        tasks = [asyncio.create_task(engine.generate(p, max_new_tokens, 1.0, seed=100 + i))
+                 for i, p in enumerate(ps)]
+        await started.wait()
+        await update()
+        later = await after() if after is not None else None
+        return await asyncio.gather(*tasks), later
+
+    try:
+        return engine.loop.run_until_complete(run())
+    finally:
+        engine.on_tokens = None
+
+
 def check_inflight_update(engine, model_dir, mode):
     """Long samples from random weights A; once every request has started, weights B land.
     keep/abort: some samples switch version mid-sequence and each token's logprob matches the
@@ -116,19 +138,7 @@ def check_inflight_update(engine, model_dir, mode):
     va, vb = 20 + 2 * k, 21 + 2 * k
     load(engine, a, va)
     ps = prompts(model_dir, 24)
-    started = asyncio.Event()
-    target = engine.tokens_out + 2 * len(ps)
-    engine.on_tokens = lambda n: started.set() if n >= target else None
-
-    async def run():
-        tasks = [asyncio.create_task(engine.generate(p, 48, 1.0, seed=100 + i))
-                 for i, p in enumerate(ps)]
-        await started.wait()
-        await load_async(engine, b, vb)
-        return await asyncio.gather(*tasks)
-
-    outs = engine.loop.run_until_complete(run())
-    engine.on_tokens = None
+    outs, _ = generate_across_update(engine, ps, 48, lambda: load_async(engine, b, vb))
     models = {va: hf_model(model_dir, a), vb: hf_model(model_dir, b)}
     mixed = 0
     for p, c in zip(ps, outs):

@@ -27,6 +27,11 @@ def engine(tiny_model_dir, tmp_path_factory):
     shutil.copytree(tiny_model_dir, model_dir)
     with refs.started_engine(lambda: VLLMEngine(model_dir, "keep", 0, 0.25, True, 64,
                                                 lora_rank=4)) as eng:
+        # the base, as an actor gets it once per learner run (every test publishes adapters)
+        backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0,
+                                       lora=LoraConfig(rank=4, alpha=8))
+        base = pack(backend.named_full_tensors(), -1, 64 * 1024, kind="base")
+        eng.loop.run_until_complete(eng.load_packed(base.manifest, list(base.buckets)))
         yield eng
 
 
@@ -55,8 +60,6 @@ def _worst_gap(backend, prompts, outs, temperature):
 
 def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir):
     backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LoraConfig(rank=4, alpha=8))
-    base = pack(backend.named_full_tensors(), -1, 64 * 1024, kind="base")
-    engine.loop.run_until_complete(engine.load_packed(base.manifest, list(base.buckets)))
     ps = refs.prompts(tiny_model_dir, 16)
     seen = []
     for version, steps in ((0, 0), (1, 5), (2, 5)):
@@ -89,21 +92,13 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
     _trained(new, tiny_model_dir, 8)
     engine.loop.run_until_complete(_publish(engine, old, va))
     ps = refs.prompts(tiny_model_dir, 12)
-    started = asyncio.Event()
-    target = engine.tokens_out + 2 * len(ps)
-    engine.on_tokens = lambda n: started.set() if n >= target else None
 
-    async def run():
-        first = [asyncio.create_task(engine.generate(p, 40, 1.0, seed=100 + i))
-                 for i, p in enumerate(ps)]
-        await started.wait()
-        await _publish(engine, new, vb)
-        second = [asyncio.create_task(engine.generate(p, 5, 1.0, seed=200 + i))
-                  for i, p in enumerate(ps)]
-        return await asyncio.gather(*first), await asyncio.gather(*second)
+    def second_batch():  # new requests while the first ones still run
+        return asyncio.gather(*(engine.generate(p, 5, 1.0, seed=200 + i)
+                                for i, p in enumerate(ps)))
 
-    first, second = engine.loop.run_until_complete(run())
-    engine.on_tokens = None
+    first, second = refs.generate_across_update(engine, ps, 40, lambda: _publish(engine, new, vb),
+                                                after=second_batch)
     assert all((c.versions == vb).all() for c in second)
     mixed, worst = 0, 0.0
     for p, c in zip(ps, first):
