@@ -61,8 +61,8 @@ class EnvironmentAgent:
         import openai  # the `agents` extra
 
         if self.client is None:
-            self.client = openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="-",
-                                             max_retries=0)
+            # default retries: the endpoint answers a repeated call with the answer it gave
+            self.client = openai.AsyncOpenAI(base_url="http://127.0.0.1", api_key="-")
 
         async def episode(base_url: str, messages: list[dict]) -> tuple[list[dict], list[dict]]:
             client = self.client.with_options(base_url=base_url)

@@ -2,6 +2,7 @@
 
     POST /rollout/RID/v1/chat/completions   (or /v1/chat/completions with "user": RID)
       body > MAX_BODY_BYTES -> 413 | not JSON / wrong fields -> 400 | unknown RID -> 404
+      connection lost before the body was read -> nothing applied (one warning line)
       -> OpenAIEndpoint.complete under the session's lock
       -> 200 chat.completion JSON, or (stream) text/event-stream chunks + data: [DONE]
 
@@ -70,7 +71,12 @@ class HTTPServer:
             self.runner = None
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        try:
+            body = await request.read()
+        except ConnectionResetError as e:  # nothing of this call was applied: a retry is new
+            log.warning("a client went away before its request body was read (%s): the call "
+                        "was not applied", e)
+            return web.Response(status=400)  # to a closed connection: never sent
         try:
             req = msgspec.json.decode(body, type=ChatRequest)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:

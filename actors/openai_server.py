@@ -28,6 +28,10 @@ chunk, one content delta per token, the tool calls, the finish reason, a usage c
 `[DONE]`. A client that disconnects mid-stream fails its rollout (the turn it did not see is in
 the trajectory); the actor goes on.
 
+Retries: a call that repeats the last call's messages exactly (the OpenAI client retrying after
+a lost connection or a timeout) gets the last call's answer again and records nothing; a call
+whose body never arrived was never applied. So clients may keep their default `max_retries`.
+
 `temperature`, if given, must be the task's; `max_tokens` can only lower the per-turn limit.
 Past `max_turns` model turns or `max_total_tokens` tokens, an answer is empty with finish_reason
 "length". Only 127.0.0.1 is bound: the endpoint has no auth. Bodies over 1 MiB get 413.
@@ -99,6 +103,8 @@ class Session:
     """The newest model turn as generated."""
     finish: Finish | None = None
     """Set when a turn or token limit was reached; later calls get empty answers."""
+    last_call: tuple[list[tuple], Turn] | None = None
+    """The last answered call's message keys and its answer: a retry of that call gets it again."""
 
     def finish_reason(self) -> Finish:
         """How the rollout ended once the client is done: a limit it hit, the last turn cut at
@@ -150,6 +156,16 @@ class OpenAIEndpoint:
 
     # ------------------------------------------------------------ one call
     async def complete(self, s: Session, req: ChatRequest) -> Turn:
+        """Answer one call (the caller holds `s.lock`); a retry of the last call gets its answer."""
+        keys = [message_key(m) for m in req.messages]
+        if s.last_call is not None and s.last_call[0] == keys:
+            log.info("rollout %s: call repeated (a client retry): the same answer again", s.rid)
+            return s.last_call[1]
+        turn = await self._turn(s, req)
+        s.last_call = (keys, turn)
+        return turn
+
+    async def _turn(self, s: Session, req: ChatRequest) -> Turn:
         task, traj = s.task, s.traj
         if req.n != 1:
             raise HTTPError(400, "only n=1 is supported")

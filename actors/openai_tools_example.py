@@ -32,12 +32,14 @@ TOOLS = [{"type": "function", "function": {
 HTTP = httpx.Client(timeout=300)
 """Shared by every rollout's client (httpx clients are thread-safe); never closed by them. A
 request waits for a place in the engine's batch: with 64 rollouts per actor on 2 loaded cores
-one turn took over 60 s once (the timeout before), and a timed-out turn loses the rollout."""
+one turn took over 60 s once (the timeout before). The client keeps its default retries (2): a
+connection lost on loopback under load failed a rollout once with none, and the endpoint answers
+a repeated call with the answer it already gave (actors/openai_server.py, "Retries")."""
 
 
 def calculator_agent(base_url: str, messages: list[dict], max_turns: int = 4) -> None:
     messages = list(messages)
-    client = OpenAI(base_url=base_url, api_key="-", max_retries=0, timeout=300, http_client=HTTP)
+    client = OpenAI(base_url=base_url, api_key="-", timeout=300, http_client=HTTP)
     for _ in range(max_turns):
         choice = client.chat.completions.create(model="tether", messages=messages,
                                                 tools=TOOLS).choices[0]

@@ -95,8 +95,15 @@ def finish_clean(lp: Proc, run_dir: Path, steps: int, timeout: float) -> dict:
     s = summary(run_dir)
     assert s["steps"] == steps and s["accounting_ok"], s
     assert s["rejected_messages"] == {}, s["rejected_messages"]
-    assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, s["groups"]["dropped"]
+    assert not set(s["groups"]["dropped"]) & {"agent_error", "invalid"}, (
+        s["groups"]["dropped"], agent_failures(run_dir))
     return s
+
+
+def agent_failures(run_dir: Path) -> list[str]:
+    """The actors' `agent failed` log lines (with the exception), for an assertion's message."""
+    return [line for p in sorted((run_dir / "logs").glob("actor-*.log"))
+            for line in p.read_text().splitlines() if "agent failed" in line]
 
 
 class ThreadLog(logging.Handler):

@@ -438,3 +438,37 @@ def test_a_chunked_request_body_on_a_kept_alive_connection_is_read():
     head, first, head2 = asyncio.run(scenario())
     assert head.startswith(b"HTTP/1.1 200") and first["choices"][0]["finish_reason"] == "tool_calls"
     assert head2.startswith(b"HTTP/1.1 404")
+
+
+def test_a_retried_call_gets_the_same_answer_and_is_recorded_once(caplog):
+    """A client's retries (the OpenAI client's default) are safe: a call whose body was cut off
+    is not applied, and a call repeated after its answer was lost gets that answer again."""
+    ep = endpoint()
+    llm = ScriptedLLM([CALL, ANSWER])
+    seen = []
+
+    async def agent(base_url, messages):
+        body = json.dumps({"messages": messages, "tools": TOOLS}).encode()
+        path = base_url.split(str(ep.port), 1)[1] + "/chat/completions"
+        _, writer = await asyncio.open_connection("127.0.0.1", ep.port)
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                     .encode() + body[:len(body) // 2])
+        await writer.drain()
+        writer.transport.abort()  # the connection is lost with half the body sent
+        async with client(base_url) as c:
+            for _ in range(2):  # the second: a retry after a lost answer
+                seen.append(await c.chat.completions.create(model="tether", messages=messages,
+                                                            tools=TOOLS))
+        await tool_loop(base_url, messages)  # from the start again: its first call is a retry
+
+    with caplog.at_level("INFO"):
+        r = run_agent(agent, llm, ep=ep)
+    first, again = seen
+    assert first.model_dump() == again.model_dump()
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert len(llm.contexts) == 2  # the model was asked twice: the two turns, nothing again
+    want_ids, want_mask = expected_completion()
+    np.testing.assert_array_equal(r.completion_ids, want_ids)
+    np.testing.assert_array_equal(r.loss_mask, want_mask)
+    assert r.reward == 1.0 and r.finish == "answer"
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR"], caplog.text
