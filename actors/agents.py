@@ -30,6 +30,7 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
     if A.agent == "environment":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
-        return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward),
-                                load_environment(A.environment))
+        env = load_environment(A.environment or cfg.task.environment)
+        return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward,
+                                            tool_defs=getattr(env, "tools", None)), env)
     raise ValueError(f"unknown agent {A.agent!r}")

@@ -14,6 +14,19 @@
       env.rollout(client, "tether", prompt messages, task.meta)    every model call recorded
       close -> reward = env.rubric(...) -> Rollout (token ids, masks, versions from the endpoint)
 
+Optional attributes of the environment:
+
+        dataset          its prompts: a list of row dicts (or a `datasets.Dataset`), each with
+                         the prompt under `task.prompt_key` (a string or chat messages) and any
+                         other columns (e.g. `answer`, `info`)
+        eval_dataset     held-out rows of the same shape (else `task.eval_fraction` of dataset)
+        tools            OpenAI tool definitions its episodes send: rendered into the prompts
+
+With `task.name: environment` the environment's own dataset is the task (make_task below): the
+learner renders each row's prompt with the same chat format the endpoint checks the first call
+against, and every other column travels in the lease's meta to `rollout` and `rubric` (strings
+as they are, other values JSON-encoded). `actors.environment` defaults to `task.environment`.
+
 This is the shape in which verifiers environments run their episodes (an OpenAI client, a
 model name, the prompt, the row's info) and score them (a rubric over the conversation). The
 verifiers package itself is not used: see docs/agents.md ("verifiers") for why.
@@ -23,11 +36,20 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+from functools import cached_property
 from typing import Protocol
 
+import msgspec
+import numpy as np
+
+from actors.chat import make_chat_format
 from actors.engine import LLMClient
 from actors.openai_server import OpenAIAgent, finished
 from actors.rollout import Rollout, RolloutTask
+from configs.schema import TaskConfig
+from tasks.base import Prompt
+from tasks.data import SPLIT_SEED, DataError, DataTask, check_rows
 
 
 class Environment(Protocol):
@@ -73,3 +95,69 @@ class EnvironmentAgent:
         if inspect.isawaitable(reward):
             reward = await reward
         return finished(session, float(reward))
+
+
+class EnvironmentTask(DataTask):
+    """`task.name: environment`: the rows of `task.environment`'s dataset as the prompts (the
+    data task's seeded epochs and held-out split); its rubric, in the actors, scores them."""
+
+    name = "environment"
+
+    def __init__(self, cfg: TaskConfig, tokenizer, seed: int = 0) -> None:
+        super().__init__(msgspec.structs.replace(cfg, label_key="", metadata_keys=""), tokenizer,
+                         seed)
+
+    @cached_property
+    def env(self) -> Environment:
+        return load_environment(self.cfg.environment)
+
+    @cached_property
+    def _split(self) -> tuple[list[dict], list[dict]]:
+        spec = self.cfg.environment
+        if getattr(self.env, "dataset", None) is None:
+            raise DataError(f"task.environment {spec!r} has no dataset: task.name=environment "
+                            f"takes its prompts from the environment's `dataset` rows")
+        rows = _as_rows(self.env.dataset, f"{spec} dataset")
+        if getattr(self.env, "eval_dataset", None) is not None:
+            train, held = rows, _as_rows(self.env.eval_dataset, f"{spec} eval_dataset")
+        else:
+            order = np.random.default_rng(SPLIT_SEED).permutation(len(rows))
+            k = int(round(self.cfg.eval_fraction * len(rows)))
+            if not 0 < k < len(rows):
+                raise DataError(f"{spec} dataset: task.eval_fraction={self.cfg.eval_fraction} of "
+                                f"{len(rows)} rows leaves no held-out or no training rows; give "
+                                f"the environment an eval_dataset")
+            held_idx = set(order[:k].tolist())
+            train = [r for i, r in enumerate(rows) if i not in held_idx]
+            held = [rows[i] for i in sorted(held_idx)]
+        check_rows(train, f"{spec} dataset", self.cfg)
+        check_rows(held, f"{spec} held-out rows", self.cfg)
+        return train, held
+
+    @cached_property
+    def chat(self):
+        return make_chat_format(self.tokenizer)
+
+    def _prompt(self, prompt_id: int, row: dict, row_index: int) -> Prompt:
+        key = self.cfg.prompt_key
+        ids = self.chat.start(self.messages(row[key]), getattr(self.env, "tools", None))
+        meta = {"row": str(row_index)}
+        meta.update({k: v if isinstance(v, str) else json.dumps(v, default=str)
+                     for k, v in row.items() if k != key})
+        return Prompt(prompt_id=prompt_id, token_ids=np.asarray(ids, dtype=np.int32), meta=meta)
+
+    async def reward(self, meta: dict[str, str], completion_ids: np.ndarray):
+        raise NotImplementedError("an environment task is scored by the environment's rubric: "
+                                  "run it with actors.agent=environment")
+
+
+def _as_rows(data, what: str) -> list[dict]:
+    rows = data.to_list() if hasattr(data, "to_list") else list(data)
+    if not all(isinstance(r, dict) for r in rows):
+        raise DataError(f"{what}: rows must be dicts (or a datasets.Dataset)")
+    return rows
+
+
+def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> EnvironmentTask:
+    """`task.name: environment` (= `actors.environment:make_task`)."""
+    return EnvironmentTask(cfg, tokenizer, seed)

@@ -4,11 +4,20 @@ rubric (the fraction of the target's digits in the final answer, like a verifier
 reward function over the completion messages).
 
     actors.agent=environment actors.environment=actors.environment_example:CalculatorEnv
+
+With its own prompts (`dataset`: 3-digit additions from a fixed seed) instead of the calculator
+task's:
+
+    task.name=environment task.environment=actors.environment_example:CalculatorEnv
+    actors.agent=environment
 """
 
 from __future__ import annotations
 
 import json
+from functools import cached_property
+
+import numpy as np
 
 from actors.openai_example import calculate
 from actors.openai_tools_example import TOOLS
@@ -16,6 +25,14 @@ from actors.openai_tools_example import TOOLS
 
 class CalculatorEnv:
     max_turns = 4
+    tools = TOOLS
+
+    @cached_property
+    def dataset(self) -> list[dict]:
+        """1000 rows {"prompt": "3 4 7 + 5 8 1 =", "target": "928"} (task.name=environment)."""
+        pairs = np.random.default_rng(7).integers(100, 1000, size=(1000, 2))
+        return [{"prompt": f"{' '.join(str(a))} + {' '.join(str(b))} =", "target": str(a + b)}
+                for a, b in pairs.tolist()]
 
     async def rollout(self, client, model: str, messages: list[dict], meta: dict) -> list[dict]:
         completion: list[dict] = []

@@ -63,8 +63,8 @@ class ModelConfig(Section):
 
 class TaskConfig(Section):
     name: str = "reverse"
-    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions) or an
-    import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions |
+    environment) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
     """Length of the digit string the toy reversal task asks to reverse."""
     data_path: str = ""
@@ -86,6 +86,8 @@ class TaskConfig(Section):
     """data: system message put before the prompt ("" = none: the chat template's default)."""
     template_kwargs: dict = msgspec.field(default_factory=dict)
     """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    environment: str = ""
+    """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -367,6 +369,7 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
+    "environment": "actors.environment:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
@@ -409,8 +412,16 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
     need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
          "module:function when actors.agent is openai", A.openai_agent)
-    need(A.agent != "environment" or ":" in A.environment, "actors.environment",
-         "module:attribute when actors.agent is environment", A.environment)
+    need(A.agent != "environment" or ":" in (A.environment or cfg.task.environment),
+         "actors.environment", "module:attribute (or task.environment set) when actors.agent is "
+         "environment", A.environment)
+    need(cfg.task.name != "environment" or ":" in cfg.task.environment, "task.environment",
+         "module:attribute when task.name is environment", cfg.task.environment)
+    need(cfg.task.name != "environment" or A.agent == "environment", "actors.agent",
+         "environment when task.name is environment (its rubric scores the rollouts)", A.agent)
+    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
+         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
+         "task.name is environment", A.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
