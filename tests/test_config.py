@@ -69,7 +69,7 @@ def test_bad_overrides_name_the_field(override, expected):
     (["actors.agent=openai"], "actors.openai_agent must be module:function when actors.agent is openai"),
     (["actors.agent=openai", "actors.openai_agent=my_agent"], "actors.openai_agent must be module:function"),
     (["actors.max_turns=two"], "actors.max_turns must be int, got 'two'"),
-    (["actors.agent=environment"], "actors.environment must be module:attribute when actors.agent is environment"),
+    (["actors.agent=environment"], "actors.environment must be module:attribute (or task.environment set) when actors.agent is environment"),
     (["actors.tool_parser=qwen"], "actors.tool_parser must be one of tether, hermes"),
     (["actors.python_sandbox=docker"], "actors.python_sandbox must be one of bwrap, rlimits"),
     (["actors.tool_max_procs=0"], "actors.tool_max_procs must be >= 1, got 0"),
@@ -142,7 +142,7 @@ def test_resolved_config_round_trips(tmp_path):
     (["model.build_tiny=1"], "model.build_tiny must be bool, got 1"),
     (["run_dir=3"], "run_dir must be str, got 3"),
     (["actors.engine=3"], "actors.engine must be str, got 3"),
-    (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions or an import path module:make_task, got 'chess'"),
+    (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
                    "max_staleness, model, run_dir, task, transport)"),
 ])
