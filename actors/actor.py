@@ -130,6 +130,8 @@ class Actor:
         """True after joining a different learner process: reload weights before generating."""
         self.has_base = False
         """LoRA runs: the engine holds this learner run's frozen base (asked for until then)."""
+        self.weight_requests = 0
+        """WeightRequests sent: the id of the newest, which the manifests of its reply repeat."""
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
@@ -382,9 +384,12 @@ class Actor:
         not come within peer_timeout_s (learner gone) is abandoned and asked for again. A LoRA
         run sends its frozen base first (once per learner run), then the version's adapter."""
         have = -1 if self.weights_stale else self.client.version
+        self.weight_requests += 1
+        rid = self.weight_requests
         await self.weights.send(self.enc.encode(m.WeightRequest(
-            actor_id=self.actor_id, have_version=have, need_base=not self.has_base)))
-        manifest = await self._next_manifest()
+            actor_id=self.actor_id, have_version=have, need_base=not self.has_base,
+            request_id=rid)))
+        manifest = await self._next_manifest(rid)
         if manifest is not None and manifest.kind == "base":
             buckets = await self._buckets(manifest)
             if buckets is None:
@@ -392,14 +397,8 @@ class Actor:
             await self.client.load_packed(manifest, buckets)
             self.has_base = True
             log.info("loaded the base weights (%.2f MB)", manifest.total_bytes / 1e6)
-            manifest = await self._next_manifest()
+            manifest = await self._next_manifest(rid)
         if manifest is None:
-            return
-        if manifest.kind == "adapter" and not self.has_base:
-            # the answer to a request sent before we joined a new learner run (ZeroMQ delivered
-            # it there): the next request asks for that run's base first
-            log.info("weights v%d: an adapter without this learner run's base; asking again",
-                     manifest.version)
             return
         if manifest.path:  # shared-filesystem weights: the notice names the file
             if not Path(manifest.path).is_file():
@@ -426,14 +425,18 @@ class Actor:
         log.info("loaded weights v%d (%s, %.2f MB)", manifest.version, manifest.kind,
                  manifest.total_bytes / 1e6)
 
-    async def _next_manifest(self) -> m.WeightManifest | None:
-        """The next manifest on the weights socket (None: none within peer_timeout_s)."""
+    async def _next_manifest(self, request_id: int) -> m.WeightManifest | None:
+        """The next manifest answering request `request_id` (None: none within
+        peer_timeout_s). Anything else is skipped whole: a reply to an earlier request (one
+        abandoned, or queued while the learner was away and answered by its next run) and its
+        buckets."""
         while True:
             if not await self.weights.poll(self.cfg.transport.peer_timeout_s * 1000):
                 return None
-            manifest = self.dec.weights.decode(await self.weights.recv())
-            if isinstance(manifest, m.WeightManifest):
-                return manifest  # anything else is the tail of an abandoned reply
+            frames = await self.weights.recv_multipart()
+            msg = self.dec.weights.decode(frames[0])
+            if isinstance(msg, m.WeightManifest) and msg.request_id == request_id:
+                return msg
 
     async def _buckets(self, manifest: m.WeightManifest) -> list | None:
         """The manifest's buckets, or None if they do not come in time or in order."""

@@ -464,16 +464,19 @@ class LearnerServer(threading.Thread):
             return
         packed = self.packed
         if packed is None or req.have_version >= packed.manifest.version:
-            empty = m.WeightManifest(version=self.version, tensors=[], num_buckets=0, total_bytes=0)
+            empty = m.WeightManifest(version=self.version, tensors=[], num_buckets=0,
+                                     total_bytes=0, request_id=req.request_id)
             self.weights.send_multipart([identity, self._enc.encode(empty)])
             return
         if req.need_base and self.base is not None:
-            self._send_weights(identity, self.base)
-        self._send_weights(identity, packed)
+            self._send_weights(identity, self.base, req.request_id)
+        self._send_weights(identity, packed, req.request_id)
 
-    def _send_weights(self, identity: bytes, packed: PackedWeights) -> None:
-        """The manifest, then every bucket (header frame + zero-copy bytes)."""
-        self.weights.send_multipart([identity, self._enc.encode(packed.manifest)])
+    def _send_weights(self, identity: bytes, packed: PackedWeights, request_id: int) -> None:
+        """The manifest (answering `request_id`), then every bucket (header frame + zero-copy
+        bytes)."""
+        manifest = msgspec.structs.replace(packed.manifest, request_id=request_id)
+        self.weights.send_multipart([identity, self._enc.encode(manifest)])
         for i, data in enumerate(packed.buckets):
             header = self._enc.encode(m.WeightBucket(version=packed.manifest.version, index=i,
                                                      nbytes=len(data)))

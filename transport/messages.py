@@ -237,6 +237,10 @@ class WeightRequest(msgspec.Struct, tag="weight_request"):
     need_base: bool = False
     """LoRA runs: the actor has no base weights of this run yet; the base (kind "base") is sent
     before the version. Ignored when the run trains full weights."""
+    request_id: int = 0
+    """The actor's count of its requests; every manifest of the reply repeats it, so a reply to
+    an earlier request (ZeroMQ delivers requests queued while the learner was away to the next
+    learner run, which answers each) is told apart and skipped."""
 
 
 class TensorMeta(msgspec.Struct):
@@ -289,6 +293,8 @@ class WeightManifest(msgspec.Struct, tag="manifest"):
     """One of WEIGHT_KINDS."""
     lora: LoraSpec | None = None
     """The adapter's rank, alpha and targets (set exactly when `kind` is "adapter")."""
+    request_id: int = 0
+    """The `WeightRequest.request_id` this manifest answers (0 in the published version itself)."""
 
 
 class WeightBucket(msgspec.Struct, tag="bucket"):
