@@ -8,6 +8,8 @@ Sections:
              real I/O thread) vs raw pyzmq PUSH/PULL of the same bytes.
   weights    one weight version served by the learner's weights socket to 1, 4, 8 receivers vs
              raw pyzmq ROUTER->DEALER of the same buckets; time to apply in the HF engine.
+  lora       bytes and time (pack + serve) per published version on SmolLM2-135M to 1, 4, 8
+             receivers: the full weights vs LoRA adapters of rank 8 and 64 (all projections).
   pipeline   real learner (tiny model) + simulated engine with long-tailed latency: steps/s at
              max_staleness 0 (synchronous) vs 2 (overlapped), against the ideal
              (gen + train) / max(gen, train) from times measured in the same run.
@@ -212,6 +214,63 @@ def _raw_router(packed, k: int) -> float:
     return elapsed
 
 
+def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
+    """Bytes and time per published version on the real SmolLM2-135M: the full weights vs the
+    LoRA adapter (every projection of every layer) at each rank, each gathered and packed as the
+    learner does (learner/backend.py) and served by the learner's weights socket to k
+    receivers. Time per version = pack + serve to all k."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learner.server import ActorState
+    from models.fetch import fetch
+    from models.lora import split_state, wrap
+    from models.tied import without_tied
+    from configs.schema import LORA_TARGETS
+    from transport.weights import pack
+
+    model = AutoModelForCausalLM.from_pretrained(fetch("smollm2-135m-instruct"),
+                                                 torch_dtype=torch.float32)
+    tied = model.config.tie_word_embeddings
+
+    def full():
+        return dict(without_tied(((k, v.detach()) for k, v in model.state_dict().items()), tied))
+
+    kinds = {"full": full}
+    for r in ranks:
+        peft = wrap(AutoModelForCausalLM.from_pretrained(fetch("smollm2-135m-instruct"),
+                                                         torch_dtype=torch.float32),
+                    r, 2.0 * r, 0.0, list(LORA_TARGETS))
+        for n, p in peft.named_parameters():  # B is zero at init: give it values, as trained
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=1e-3)
+        kinds[f"lora_r{r}"] = (lambda pm: lambda: split_state(
+            (k, v.detach()) for k, v in pm.state_dict().items())[1])(peft)
+    out = {"model": "SmolLM2-135M-Instruct float32", "by_kind": {}}
+    for name, state_fn in kinds.items():
+        t0 = time.perf_counter()
+        packed = pack(state_fn(), version=1, bucket_bytes=32 << 20,
+                      kind="full" if name == "full" else "adapter")
+        pack_s = time.perf_counter() - t0
+        row = {"MB": packed.manifest.total_bytes / 1e6, "pack_ms": pack_s * 1e3, "by_receivers": {}}
+        for k in receivers:
+            server, _ = _server(1, model_dir)
+            for i in range(k):
+                server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
+            server.announce(1, packed)
+            server.start()
+            serve = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, True)
+            server.stop("bench done")
+            row["by_receivers"][k] = {"ms_per_version": (pack_s + serve) * 1e3}
+        out["by_kind"][name] = row
+    f = out["by_kind"]["full"]
+    for name, row in out["by_kind"].items():
+        row["bytes_ratio_vs_full"] = f["MB"] / row["MB"]
+        for k, cell in row["by_receivers"].items():
+            cell["time_ratio_vs_full"] = f["by_receivers"][k]["ms_per_version"] / cell["ms_per_version"]
+    return out
+
+
 def bench_apply(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -381,8 +440,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--only", nargs="*",
-                   default=["transport", "weights", "pipeline", "rollout", "vllm", "sglang", "e2e",
-                            "e2e_vllm"])
+                   default=["transport", "weights", "lora", "pipeline", "rollout", "vllm", "sglang",
+                            "e2e", "e2e_vllm"])
     ns = p.parse_args()
     import torch
 
@@ -402,6 +461,8 @@ def main() -> None:
         if "weights" in ns.only:
             res["weights"] = bench_weights(model_dir, [1, 4, 8], megabytes=128)
             res["weights"]["apply"] = bench_apply(model_dir)
+        if "lora" in ns.only:
+            res["lora"] = bench_lora(model_dir, [1, 4, 8], ranks=[8, 64])
         if "rollout" in ns.only:
             res["rollout"] = bench_rollout(model_dir, batches=30)
         if "vllm" in ns.only:
@@ -434,6 +495,18 @@ def render(res: dict) -> str:
                         f"raw ROUTER/DEALER {v['raw_GB_per_s']:.2f} GB/s | {v['ratio_vs_raw']:.2f} |")
         rows.append(f"| apply weights, HF engine ({w['apply']['MB']:.2f} MB) | "
                     f"{w['apply']['hf_engine_apply_ms']:.1f} ms | | |")
+    if "lora" in res:
+        by = res["lora"]["by_kind"]
+        for name, row in by.items():
+            if name == "full":
+                continue
+            for k, cell in row["by_receivers"].items():
+                full = by["full"]["by_receivers"][k]["ms_per_version"]
+                rows.append(f"| one version to {k} receiver(s), SmolLM2-135M, {name} "
+                            f"({row['MB']:.1f} MB) | {cell['ms_per_version']:.0f} ms | full "
+                            f"weights ({by['full']['MB']:.0f} MB) {full:.0f} ms | "
+                            f"{cell['time_ratio_vs_full']:.1f}x faster, "
+                            f"{row['bytes_ratio_vs_full']:.0f}x fewer bytes |")
     if "rollout" in res:
         r = res["rollout"]
         rows.append(f"| rollout tokens/s, HF | via actor client {r['hf_via_actor_client_tokens_per_s']:.0f} | "
