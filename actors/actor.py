@@ -280,7 +280,7 @@ class Actor:
             self._closers.append(llm.shutdown)
             return llm, agent
         dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype)), agent
+        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=A.hf_logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

@@ -5,7 +5,9 @@ padding. Every row has its own torch.Generator seeded from (request seed, versio
 kernels give bitwise-identical rows whatever else is in the batch, so a sample does not depend
 on which actor ran it or what it was batched with. Behavior logprobs come from one full forward
 pass over prompt + completion padded to prompt + max_new_tokens (a fixed length, again for
-bitwise reproducibility), under the tempered distribution that was sampled from.
+bitwise reproducibility), under the tempered distribution that was sampled from; with
+`logprobs="sampling"` (`actors.hf_logprobs`) they are read off the sampling steps' own
+distributions instead, saving that pass, and differ from the learner's by float rounding.
 
 LoRA runs: the base (manifest kind "base") is kept as a state dict; every adapter version is
 merged into a copy of it (models/lora.py `merge`, W + (alpha / rank) B @ A) and loaded like
@@ -29,7 +31,8 @@ from models.logprobs import token_logprobs
 
 class HFEngine:
     def __init__(self, model_dir: str | Path, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, logprobs: str = "forward") -> None:
+        """`logprobs`: "forward" (one more full pass, batch-invariant) or "sampling"."""
         from transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(model_dir)
@@ -38,6 +41,7 @@ class HFEngine:
         self.vocab_size = config.vocab_size
         self.eos_id = config.eos_token_id
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else self.eos_id
+        self.logprobs = logprobs
         self.version = -1
         self.base: dict[str, torch.Tensor] | None = None
         """LoRA runs: the frozen base weights every adapter is merged into."""
@@ -95,22 +99,29 @@ class HFEngine:
         cache = DynamicCache(config=self.model.config)
         logits = self.model(input_ids=prompts, past_key_values=cache, use_cache=True).logits[:, -1]
         finished = torch.zeros(len(reqs), dtype=torch.bool, device=self.device)
-        steps = []
+        steps, step_lps = [], []
         for t in range(max_new):
             probs = torch.softmax(logits.float() / temp, dim=-1)
             nxt = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(gens)])
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             steps.append(nxt)
+            if self.logprobs == "sampling":
+                step_lps.append(torch.log_softmax(logits.float() / temp, dim=-1)
+                                .gather(1, nxt[:, None])[:, 0])
             finished |= nxt == self.eos_id
             if bool(finished.all()) or t == max_new - 1:
                 break
             logits = self.model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
         gen = torch.stack(steps, dim=1)
-        P = prompts.shape[1]
-        full = torch.full((len(reqs), P + max_new), self.pad_id, dtype=torch.long, device=self.device)
-        full[:, :P] = prompts
-        full[:, P:P + gen.shape[1]] = gen
-        lp = token_logprobs(self.model, full, temp)[:, P - 1:P - 1 + gen.shape[1]]
+        if self.logprobs == "sampling":
+            lp = torch.stack(step_lps, dim=1)
+        else:
+            P = prompts.shape[1]
+            full = torch.full((len(reqs), P + max_new), self.pad_id, dtype=torch.long,
+                              device=self.device)
+            full[:, :P] = prompts
+            full[:, P:P + gen.shape[1]] = gen
+            lp = token_logprobs(self.model, full, temp)[:, P - 1:P - 1 + gen.shape[1]]
         gen_np, lp_np = gen.cpu().numpy(), lp.float().cpu().numpy()
         out = []
         for i in range(len(reqs)):

@@ -255,6 +255,11 @@ class ActorsConfig(Section):
     """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
     vllm_max_num_seqs: Count = 256
     """vllm: most sequences the scheduler runs at once."""
+    hf_logprobs: Literal["forward", "sampling"] = "forward"
+    """hf: behavior logprobs from one more full forward over prompt + completion (forward:
+    batch-invariant and equal to the learner's recomputation, which η = 0's bitwise guarantees
+    need) or from the sampling steps' own KV-cache logits (sampling: no extra pass; differs
+    from the learner's by float rounding). docs/operations.md has the cost."""
     sglang_max_total_tokens: NonNegative = 0
     """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
     sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0

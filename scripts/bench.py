@@ -363,7 +363,37 @@ def bench_rollout(model_dir: Path, batches: int) -> dict:
     tokens = asyncio.run(via_client())
     client = tokens / (time.perf_counter() - t0)
     return {"hf_bare_tokens_per_s": bare, "hf_via_actor_client_tokens_per_s": client,
-            "client_vs_bare": client / bare}
+            "client_vs_bare": client / bare, "logprobs_pass": bench_hf_logprobs(model_dir, batches)}
+
+
+def bench_hf_logprobs(toy: Path, batches: int) -> dict:
+    """`actors.hf_logprobs`: HF engine tokens/s with the extra full forward for behavior
+    logprobs (forward, the default) vs reading them off the sampling steps (sampling), on the
+    toy model (64 x 5 tokens, the preset's batch) and on SmolLM2-135M (8 x 32 tokens)."""
+    from safetensors.torch import load_file
+
+    from actors.engine import GenerateRequest
+    from actors.hf_engine import HFEngine
+    from models.fetch import fetch
+
+    cases = {"toy": (toy, np.array([1, 4, 7, 8, 9, 6, 5], np.int32), 64, 5, batches),
+             "smollm2": (fetch("smollm2-135m-instruct"), np.arange(100, 132, dtype=np.int32), 8,
+                         32, 2)}
+    out = {}
+    for name, (path, prompt, n, new, reps) in cases.items():
+        row = {}
+        for mode in ("forward", "sampling"):
+            engine = HFEngine(path, logprobs=mode)
+            files = sorted(Path(path).glob("*.safetensors"))
+            engine.load_weights({k: v for f in files for k, v in load_file(str(f)).items()}, 0)
+            reqs = [GenerateRequest(prompt, new, 1.0, i) for i in range(n)]
+            engine.generate(reqs[:1])  # warm-up
+            t0 = time.perf_counter()
+            tokens = sum(len(c.token_ids) for _ in range(reps) for c in engine.generate(reqs))
+            row[f"{mode}_tokens_per_s"] = tokens / (time.perf_counter() - t0)
+        row["sampling_vs_forward"] = row["sampling_tokens_per_s"] / row["forward_tokens_per_s"]
+        out[name] = row
+    return out
 
 
 def bench_vllm(model_dir: Path, batches: int) -> dict:
@@ -511,6 +541,11 @@ def render(res: dict) -> str:
         r = res["rollout"]
         rows.append(f"| rollout tokens/s, HF | via actor client {r['hf_via_actor_client_tokens_per_s']:.0f} | "
                     f"bare engine {r['hf_bare_tokens_per_s']:.0f} | {r['client_vs_bare']:.2f} |")
+    if "rollout" in res:
+        for name, row in res["rollout"]["logprobs_pass"].items():
+            rows.append(f"| HF engine tokens/s, {name}, actors.hf_logprobs=sampling vs forward | "
+                        f"{row['sampling_tokens_per_s']:.0f} | {row['forward_tokens_per_s']:.0f} | "
+                        f"{row['sampling_vs_forward']:.2f} |")
     if "vllm" in res:
         v = res["vllm"]
         rows.append(f"| rollout tokens/s, vLLM vs HF (bare engines) | vLLM {v['vllm_bare_tokens_per_s']:.0f} | "

@@ -124,3 +124,25 @@ def test_kv_cache_sampling_draws_from_the_full_context_distribution(engine):
                 ids = torch.cat([ids, nxt[None]], dim=1)
             same += ids[0, len(r.prompt_ids):].tolist() == c.token_ids.tolist()
     assert same >= 15, f"only {same}/16 samples match full-context sampling"
+
+
+def test_sampling_logprobs_skip_the_extra_pass_and_agree_to_rounding(engine, tiny_model_dir):
+    """actors.hf_logprobs=sampling: the same samples; logprobs read off the sampling steps agree
+    with the full forward's (the default) to float rounding, but are not bitwise the same pass."""
+    from safetensors.torch import load_file
+
+    fast = HFEngine(tiny_model_dir, logprobs="sampling")
+    fast.load_weights(load_file(str(tiny_model_dir / "model.safetensors")), version=0)
+    reqs = [_req(PROMPT, i) for i in range(8)] + [_req(OTHER, i) for i in range(8)]
+    calls = []
+    hook = fast.model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    got = fast.generate(reqs)
+    hook.remove()
+    want = engine.generate(reqs)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.token_ids, w.token_ids)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    # one bucket (equal prompt lengths): the prompt, then one token a call; the default adds a
+    # pass over prompt + max_new_tokens
+    assert calls[0] == len(PROMPT) and set(calls[1:]) == {1} and len(calls) <= 6, calls
