@@ -49,7 +49,7 @@ from actors.openai_server import OpenAIAgent, finished
 from actors.rollout import Rollout, RolloutTask
 from configs.schema import TaskConfig
 from tasks.base import Prompt
-from tasks.data import SPLIT_SEED, DataError, DataTask, check_rows
+from tasks.data import DataError, DataTask, check_rows, split_rows
 
 
 class Environment(Protocol):
@@ -121,15 +121,7 @@ class EnvironmentTask(DataTask):
         if getattr(self.env, "eval_dataset", None) is not None:
             train, held = rows, _as_rows(self.env.eval_dataset, f"{spec} eval_dataset")
         else:
-            order = np.random.default_rng(SPLIT_SEED).permutation(len(rows))
-            k = int(round(self.cfg.eval_fraction * len(rows)))
-            if not 0 < k < len(rows):
-                raise DataError(f"{spec} dataset: task.eval_fraction={self.cfg.eval_fraction} of "
-                                f"{len(rows)} rows leaves no held-out or no training rows; give "
-                                f"the environment an eval_dataset")
-            held_idx = set(order[:k].tolist())
-            train = [r for i, r in enumerate(rows) if i not in held_idx]
-            held = [rows[i] for i in sorted(held_idx)]
+            train, held = split_rows(rows, self.cfg.eval_fraction, f"{spec} dataset")
         check_rows(train, f"{spec} dataset", self.cfg)
         check_rows(held, f"{spec} held-out rows", self.cfg)
         return train, held

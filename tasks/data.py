@@ -114,6 +114,19 @@ def _prompt_problem(p) -> str:
     return ""
 
 
+def split_rows(rows: list[dict], eval_fraction: float, what: str) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows): a fixed `eval_fraction` of `rows` held out (SPLIT_SEED,
+    the same for every learner.seed), both in file order."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(rows))
+    k = int(round(eval_fraction * len(rows)))
+    if k >= len(rows):
+        raise DataError(f"{what}: task.eval_fraction={eval_fraction} leaves no training rows of "
+                        f"{len(rows)}")
+    held_idx = set(order[:k].tolist())
+    return ([r for i, r in enumerate(rows) if i not in held_idx],
+            [rows[i] for i in sorted(held_idx)])
+
+
 def _metadata_keys(cfg: TaskConfig) -> list[str]:
     return [k.strip() for k in cfg.metadata_keys.split(",") if k.strip()]
 
@@ -144,14 +157,7 @@ class DataTask:
             held = load_rows(cfg.eval_path)
             check_rows(held, cfg.eval_path, cfg)
             return rows, held
-        order = np.random.default_rng(SPLIT_SEED).permutation(len(rows))
-        k = int(round(cfg.eval_fraction * len(rows)))
-        if k >= len(rows):
-            raise DataError(f"{cfg.data_path}: task.eval_fraction={cfg.eval_fraction} leaves no "
-                            f"training rows of {len(rows)}")
-        held_idx = set(order[:k].tolist())
-        return ([r for i, r in enumerate(rows) if i not in held_idx],
-                [rows[i] for i in sorted(held_idx)])
+        return split_rows(rows, cfg.eval_fraction, cfg.data_path)
 
     @property
     def num_train(self) -> int:
