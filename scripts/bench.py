@@ -141,7 +141,6 @@ def bench_transport(model_dir: Path, tokens: int, num: int) -> dict:
 def bench_weights(model_dir: Path, receivers: list[int], megabytes: int) -> dict:
     import torch
 
-    from learner.server import ActorState
     from transport.weights import pack
 
     state = {f"layer{i}.weight": torch.randn(1024, 1024) for i in range(megabytes // 4)}
@@ -149,17 +148,25 @@ def bench_weights(model_dir: Path, receivers: list[int], megabytes: int) -> dict
     size = packed.manifest.total_bytes
     out = {"MB": size / 1e6, "buckets": packed.manifest.num_buckets, "by_receivers": {}}
     for k in receivers:
-        server, _ = _server(1, model_dir)
-        for i in range(k):
-            server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
-        server.announce(1, packed)
-        server.start()
-        ours = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, ours=True)
-        server.stop("bench done")
+        ours = _serve_weights(model_dir, packed, k)
         raw = _raw_router(packed, k)
         out["by_receivers"][k] = {"tether_GB_per_s": k * size / ours / 1e9,
                                   "raw_GB_per_s": k * size / raw / 1e9, "ratio_vs_raw": raw / ours}
     return out
+
+
+def _serve_weights(model_dir: Path, packed, k: int) -> float:
+    """Seconds for the learner's weights socket to serve `packed` to k receivers at once."""
+    from learner.server import ActorState
+
+    server, _ = _server(1, model_dir)
+    for i in range(k):
+        server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
+    server.announce(1, packed)
+    server.start()
+    elapsed = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, ours=True)
+    server.stop("bench done")
+    return elapsed
 
 
 def _receive_all(endpoint: str, k: int, num_buckets: int, ours: bool) -> float:
@@ -222,7 +229,6 @@ def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learner.server import ActorState
     from models.fetch import fetch
     from models.lora import split_state, wrap
     from models.tied import without_tied
@@ -254,13 +260,7 @@ def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
         pack_s = time.perf_counter() - t0
         row = {"MB": packed.manifest.total_bytes / 1e6, "pack_ms": pack_s * 1e3, "by_receivers": {}}
         for k in receivers:
-            server, _ = _server(1, model_dir)
-            for i in range(k):
-                server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
-            server.announce(1, packed)
-            server.start()
-            serve = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, True)
-            server.stop("bench done")
+            serve = _serve_weights(model_dir, packed, k)
             row["by_receivers"][k] = {"ms_per_version": (pack_s + serve) * 1e3}
         out["by_kind"][name] = row
     f = out["by_kind"]["full"]
