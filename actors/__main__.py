@@ -29,8 +29,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="where the learner's model files are written (default: RUN_DIR/actor_cache)")
     p.add_argument("--exit-with-parent", action="store_true",
                    help="exit when the parent process dies (used for the learner's local actors)")
+    p.add_argument("--cpus", default=[], type=_cpu_list,
+                   help="comma-separated cores to run on, with that many torch threads (the "
+                        "learner's local actors under learner.cpu_placement=split)")
     p.add_argument("args", nargs="*", help="LEARNER address and key=value overrides")
     return p.parse_args(argv)
+
+
+def _cpu_list(text: str) -> list[int]:
+    cores = [c.strip() for c in text.split(",") if c.strip()]
+    if not cores or not all(c.isdigit() for c in cores):
+        raise argparse.ArgumentTypeError(f"--cpus must be core numbers joined by commas (e.g. 0,1), "
+                                         f"got {text!r}")
+    return [int(c) for c in cores]
 
 
 def resolve_endpoint(target: str) -> str:
@@ -71,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from actors.actor import Actor
 
     cache = Path(ns.cache_dir) if ns.cache_dir else Path(cfg.run_dir) / "actor_cache"
+    if ns.cpus:
+        os.sched_setaffinity(0, ns.cpus)  # before the engine starts: its processes inherit it
     actor = Actor(cfg, endpoint, ns.actor_id, cache,
-                  parent_pid=os.getppid() if ns.exit_with_parent else None)
+                  parent_pid=os.getppid() if ns.exit_with_parent else None,
+                  threads=len(ns.cpus) or 1)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

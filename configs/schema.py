@@ -206,6 +206,10 @@ class LearnerConfig(Section):
     torchrun ranks / (megatron_tp * megatron_pp)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
+    cpu_placement: Literal["shared", "split"] = "shared"
+    """CPU learner with local actor processes: shared (every process on every core, one torch
+    thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
+    pinned, torch threads = its cores; docs/operations.md)."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"

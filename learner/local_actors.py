@@ -32,7 +32,10 @@ class LocalActors:
         """Thread actors that returned: actor id -> the code `Actor.run` returned."""
 
     @classmethod
-    def start(cls, cfg: TetherConfig, endpoint: str, run_dir: Path) -> LocalActors:
+    def start(cls, cfg: TetherConfig, endpoint: str, run_dir: Path,
+              cpus: list[list[int]] | None = None) -> LocalActors:
+        """Start `actors.num_local` actors: threads (inproc transport) or processes, the i-th
+        process pinned to `cpus[i]` if given (learner.cpu_placement split)."""
         n = cfg.actors.num_local
         if cfg.transport.kind == "inproc":
             actors = cls([], [])
@@ -50,9 +53,10 @@ class LocalActors:
         procs = []
         for i in range(n):
             with open(logs / f"actor-{i}.log", "ab") as out:
+                pinned = ["--cpus", ",".join(map(str, cpus[i]))] if cpus else []
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
-                     "--actor-id", f"local-{i}", "--exit-with-parent", endpoint],
+                     "--actor-id", f"local-{i}", "--exit-with-parent", *pinned, endpoint],
                     stdout=out, stderr=subprocess.STDOUT))
         if procs:
             log.info("started %d local actor process(es); logs in %s", n, logs)

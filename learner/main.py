@@ -63,6 +63,7 @@ def run(cfg: TetherConfig) -> dict | None:
     t0 = time.monotonic()
     ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
+    actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
     if ranks.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,11 +89,27 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts():  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        state = start(cfg, team, tokenizer, checkpoint)
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus)
         reason = train(cfg, team, state)
         summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
     return summary
+
+
+def _place_cpus(cfg: TetherConfig, ranks: distributed.Ranks) -> list[list[int]] | None:
+    """`learner.cpu_placement: split` on CPU: pin this rank to its cores (torch threads = its
+    cores) and return the local actor processes' cores; None (shared) otherwise."""
+    if cfg.learner.cpu_placement != "split" or ranks.device.type != "cpu":
+        return None
+    import os
+
+    learner_cpus, actor_cpus = devices.split_cpus(sorted(os.sched_getaffinity(0)), ranks.world,
+                                                  cfg.actors.num_local)
+    devices.pin(learner_cpus[ranks.rank])
+    devices.limit_cpu_threads(ranks.device, len(learner_cpus[ranks.rank]))
+    log.info("cpu placement split: learner rank %d on cores %s, local actors on %s", ranks.rank,
+             learner_cpus[ranks.rank], actor_cpus)
+    return actor_cpus
 
 
 @dataclass
@@ -115,9 +132,10 @@ class LeadState:
     """The gathered weights of `version` (LoRA: its adapter)."""
 
 
-def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None) -> LeadState:
+def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
+          actor_cpus: list[list[int]] | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
-    announce v, start the local actors."""
+    announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
     from actors.hf_engine import HFEngine
     from tasks import make_task
 
@@ -150,7 +168,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
-    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir)
+    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,

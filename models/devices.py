@@ -13,13 +13,17 @@ Hello names another dtype. float32 (the default) turns every mixed-precision pat
 code runs exactly as before.
 
 Threads: on CPU every Tether process runs one torch thread (several processes share the
-cores); on CUDA torch keeps its defaults.
+cores); on CUDA torch keeps its defaults. `learner.cpu_placement: split` instead pins the
+learner's ranks and the local actor processes to disjoint cores (`split_cpus`), each with as
+many torch threads as it has cores.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
+import numpy as np
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -48,10 +52,32 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def limit_cpu_threads(device: torch.device) -> None:
-    """One torch thread per process on the CPU path; nothing on CUDA."""
+def limit_cpu_threads(device: torch.device, threads: int = 1) -> None:
+    """`threads` torch threads (one unless the process was given cores) on CPU; nothing on CUDA."""
     if device.type == "cpu":
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
+
+
+def split_cpus(cpus: list[int], ranks: int, actors: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(the cores of each learner rank, the cores of each local actor): the first half of
+    `cpus` (at least one) shared out over the ranks, the rest over the actors. A side with fewer
+    cores than processes gives them one core each, round robin. Without actors, or on one core,
+    every process gets every core."""
+    if actors == 0 or len(cpus) < 2:
+        return [list(cpus)] * ranks, [list(cpus)] * actors
+    half = max(1, len(cpus) // 2)
+    return _share(cpus[:half], ranks), _share(cpus[half:], actors)
+
+
+def _share(cores: list[int], k: int) -> list[list[int]]:
+    if len(cores) < k:
+        return [[cores[i % len(cores)]] for i in range(k)]
+    return [part.tolist() for part in np.array_split(np.array(cores), k)]
+
+
+def pin(cores: list[int]) -> None:
+    """Run this process (and what it starts later) on `cores` only."""
+    os.sched_setaffinity(0, cores)
 
 
 def compute(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:

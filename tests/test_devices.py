@@ -85,3 +85,34 @@ def test_learner_refuses_an_actor_with_another_dtype(tmp_path, tiny_model_dir):
         lp.wait_for(r"rejected message #1 \(dtype\)", timeout=30)
     finally:
         lp.kill()
+
+
+@pytest.mark.parametrize("cpus, ranks, actors, want", [
+    ([0, 1], 1, 2, ([[0]], [[1], [1]])),                      # this machine: learner | actors
+    (list(range(8)), 2, 2, ([[0, 1], [2, 3]], [[4, 5], [6, 7]])),
+    ([0, 1, 2], 1, 4, ([[0]], [[1], [2], [1], [2]])),         # more actors than cores
+    ([3], 1, 2, ([[3]], [[3], [3]])),                          # one core: everyone shares it
+    ([0, 1], 1, 0, ([[0, 1]], [])),                            # no local actors: all to the learner
+])
+def test_split_cpus_gives_learner_and_actors_disjoint_cores(cpus, ranks, actors, want):
+    assert devices.split_cpus(cpus, ranks, actors) == want
+
+
+def test_split_placement_pins_the_learner_and_its_actor_processes(tmp_path, tiny_model_dir):
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    learner_cpus, actor_cpus = devices.split_cpus(cpus, 1, 2)
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.cpu_placement=split", "learner.max_steps=4",
+                       "learner.log_every=1")
+    try:
+        lp.wait_for(r"step 1/4", timeout=300)
+        kids = [int(p) for p in os.popen(f"pgrep -P {lp.p.pid} -f actors").read().split()]
+        assert len(kids) == 2
+        assert os.sched_getaffinity(lp.p.pid) == set(learner_cpus[0])
+        assert sorted(sorted(os.sched_getaffinity(k)) for k in kids) == sorted(actor_cpus)
+        s = procs.finish_clean(lp, run, 4, timeout=300)
+    finally:
+        lp.kill()
+    assert s["accounting_ok"]
