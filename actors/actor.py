@@ -35,6 +35,7 @@ from actors.agents import make_agent
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
+from actors.weight_pull import WeightPuller
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
@@ -128,12 +129,8 @@ class Actor:
         self.link = Connection()
         self.latest_version = -1
         self.run_id: str | None = None
-        self.weights_stale = False
-        """True after joining a different learner process: reload weights before generating."""
-        self.has_base = False
-        """LoRA runs: the engine holds this learner run's frozen base (asked for until then)."""
-        self.weight_requests = 0
-        """WeightRequests sent: the id of the newest, which the manifests of its reply repeat."""
+        self.puller: WeightPuller | None = None
+        """Weight pulls over the weights socket (made with it, after the first Welcome)."""
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
         self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
@@ -155,6 +152,7 @@ class Actor:
             self.weights = self._socket(zmq.DEALER, t)
             self.weights.setsockopt(zmq.RCVHWM, 0)
             self.weights.connect(welcome.weights_endpoint)
+            self.puller = WeightPuller(self.weights, self.actor_id, t.peer_timeout_s)
             tasks = [asyncio.create_task(c) for c in (
                 self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome),
                 self._weights_loop(), self.stopped.wait())]
@@ -211,8 +209,7 @@ class Actor:
             # A new learner process (e.g. resumed from a checkpoint): versions past its
             # checkpoint never happened there, so neither our weights nor our idea of the
             # newest version can be trusted.
-            self.weights_stale = True
-            self.has_base = False
+            self.puller.new_run()
             self.latest_version = msg.latest_version
             self.news.set()
         else:
@@ -368,9 +365,11 @@ class Actor:
         while True:
             await self.link.wait_joined()
             self.news.clear()
-            if self.weights_stale or self.latest_version > self.client.version:
+            if self.puller.stale or self.latest_version > self.client.version:
                 with self.spans.span("pull_weights"):
-                    await self._sync_weights()
+                    newest = await self.puller.pull(self.client)
+                if newest is not None:  # we hold the learner's newest version already
+                    self.latest_version = newest
                 self.loaded.set()
                 self.loaded = asyncio.Event()
             else:
@@ -378,81 +377,8 @@ class Actor:
 
     async def _weights_at_least(self, version: int) -> None:
         """Wait until the engine holds weights >= `version` from the current learner."""
-        while self.weights_stale or self.client.version < version:
+        while self.puller.stale or self.client.version < version:
             await self.loaded.wait()
-
-    async def _sync_weights(self) -> None:
-        """Pull the newest weights from the learner (no-op if we have them). A reply that does
-        not come within peer_timeout_s (learner gone) is abandoned and asked for again. A LoRA
-        run sends its frozen base first (once per learner run), then the version's adapter."""
-        have = -1 if self.weights_stale else self.client.version
-        self.weight_requests += 1
-        rid = self.weight_requests
-        await self.weights.send(self.enc.encode(m.WeightRequest(
-            actor_id=self.actor_id, have_version=have, need_base=not self.has_base,
-            request_id=rid)))
-        manifest = await self._next_manifest(rid)
-        if manifest is not None and manifest.kind == "base":
-            buckets = await self._buckets(manifest)
-            if buckets is None:
-                return
-            await self.client.load_packed(manifest, buckets)
-            self.has_base = True
-            log.info("loaded the base weights (%.2f MB)", manifest.total_bytes / 1e6)
-            manifest = await self._next_manifest(rid)
-        if manifest is None:
-            return
-        if manifest.path:  # shared-filesystem weights: the notice names the file
-            if not Path(manifest.path).is_file():
-                log.warning("weights v%d: %s is not readable here (is transport.weights_dir on "
-                            "storage this node shares?); asking again", manifest.version,
-                            manifest.path)
-                return
-            if manifest.kind == "adapter":  # small: loaded like buckets received
-                await self.client.load_packed(*await asyncio.to_thread(_packed_file, manifest))
-            else:
-                await self.client.load_file(manifest.path, manifest.version)
-            self.weights_stale = False
-            log.info("loaded weights v%d (%s) from %s", manifest.version, manifest.kind,
-                     manifest.path)
-            return
-        if manifest.num_buckets == 0:  # we have the learner's newest version
-            self.latest_version = manifest.version
-            return
-        buckets = await self._buckets(manifest)
-        if buckets is None:
-            return
-        await self.client.load_packed(manifest, buckets)
-        self.weights_stale = False
-        log.info("loaded weights v%d (%s, %.2f MB)", manifest.version, manifest.kind,
-                 manifest.total_bytes / 1e6)
-
-    async def _next_manifest(self, request_id: int) -> m.WeightManifest | None:
-        """The next manifest answering request `request_id` (None: none within
-        peer_timeout_s). Anything else is skipped whole: a reply to an earlier request (one
-        abandoned, or queued while the learner was away and answered by its next run) and its
-        buckets."""
-        while True:
-            if not await self.weights.poll(self.cfg.transport.peer_timeout_s * 1000):
-                return None
-            frames = await self.weights.recv_multipart()
-            msg = self.dec.weights.decode(frames[0])
-            if isinstance(msg, m.WeightManifest) and msg.request_id == request_id:
-                return msg
-
-    async def _buckets(self, manifest: m.WeightManifest) -> list | None:
-        """The manifest's buckets, or None if they do not come in time or in order."""
-        buckets = []
-        for i in range(manifest.num_buckets):
-            if not await self.weights.poll(self.cfg.transport.peer_timeout_s * 1000):
-                return None
-            header_raw, data = await self.weights.recv_multipart(copy=False)
-            header = self.dec.weights.decode(header_raw.bytes)
-            if not (isinstance(header, m.WeightBucket) and header.index == i
-                    and header.version == manifest.version):
-                return None  # interleaved with an abandoned reply: ask again
-            buckets.append(data.buffer)
-        return buckets
 
     async def _run_lease(self, lease: m.Lease) -> m.GroupResult:
         prompt = lease.prompt_ids.to_numpy()
@@ -483,17 +409,6 @@ class Actor:
         log.warning("parent process %d is gone: stopping", self.parent_pid)
         self.stopped.set()
         return True
-
-
-def _packed_file(manifest: m.WeightManifest) -> tuple[m.WeightManifest, list]:
-    """A LoRA adapter written to shared storage, as the manifest + buckets of one bucket."""
-    from safetensors.torch import load_file
-
-    from transport.weights import pack
-
-    packed = pack(load_file(manifest.path), manifest.version, 2**62, kind=manifest.kind,
-                  lora=manifest.lora)
-    return packed.manifest, list(packed.buckets)
 
 
 def _sample(index: int, r: Rollout | BaseException) -> m.Sample:

@@ -1,5 +1,5 @@
-"""The actor's weight fetch takes only the reply to its own request: a learner run that comes
-back answers every request ZeroMQ queued while it was away, and those earlier replies (with
+"""The actor's weight pull (actors/weight_pull.py) takes only the reply to its own request: a
+learner run that comes back answers every request ZeroMQ queued while it was away, and those earlier replies (with
 their buckets) are skipped, not loaded twice. Real ZeroMQ sockets; the engine client is a named
 fake that records what it loads."""
 
@@ -12,8 +12,7 @@ import torch
 import zmq
 import zmq.asyncio
 
-from actors.actor import Actor
-from configs.schema import TetherConfig
+from actors.weight_pull import WeightPuller
 from transport import messages as m
 from transport.weights import pack
 
@@ -40,7 +39,7 @@ def _reply(router, identity: bytes, packed, request_id: int) -> None:
             version=packed.manifest.version, index=i, nbytes=len(data))), data])
 
 
-def test_replies_to_earlier_requests_are_skipped_with_their_buckets(tmp_path):
+def test_replies_to_earlier_requests_are_skipped_with_their_buckets():
     state = {f"w{i}": torch.full((3, 4), float(i)) for i in range(3)}
     old, new = pack(state, 3, 16), pack(state, 5, 16)  # a tensor a bucket: three per version
     assert old.manifest.num_buckets > 1
@@ -49,12 +48,12 @@ def test_replies_to_earlier_requests_are_skipped_with_their_buckets(tmp_path):
         ctx = zmq.asyncio.Context()
         router = ctx.socket(zmq.ROUTER)
         port = router.bind_to_random_port("tcp://127.0.0.1")
-        actor = Actor(TetherConfig(), "tcp://127.0.0.1:1", "a0", tmp_path)
-        actor.weights = ctx.socket(zmq.DEALER)
-        actor.weights.connect(f"tcp://127.0.0.1:{port}")
-        actor.client = RecordingClient()
-        actor.has_base, actor.weights_stale = True, False  # (run() sets these when it joins)
-        actor.weight_requests = 6  # six requests went out before, the last unanswered
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        puller = WeightPuller(dealer, "a0", timeout_s=10)
+        puller.requests = 6  # six requests went out before, the last unanswered
+        puller.has_base = True  # a full-weights run would ignore need_base anyway
+        client = RecordingClient()
 
         async def learner():
             identity, payload = await router.recv_multipart()
@@ -63,13 +62,13 @@ def test_replies_to_earlier_requests_are_skipped_with_their_buckets(tmp_path):
             _reply(router, identity, new, request_id=req.request_id)
             return req
 
-        req, _ = await asyncio.gather(learner(), actor._sync_weights())
-        for s in (router, actor.weights):
+        req, newest = await asyncio.gather(learner(), puller.pull(client))
+        for s in (router, dealer):
             s.close(linger=0)
         ctx.term()
-        return req, actor
+        return req, newest, puller, client
 
-    req, actor = asyncio.run(scenario())
-    assert req.request_id == 7 and req.have_version == 0
-    assert actor.client.loaded == [("full", 5)]  # not v3, and v5 once
-    assert actor.client.version == 5 and not actor.weights_stale
+    req, newest, puller, client = asyncio.run(scenario())
+    assert req.request_id == 7 and req.have_version == 0 and not req.need_base
+    assert client.loaded == [("full", 5)]  # not v3, and v5 once
+    assert newest is None and client.version == 5 and not puller.stale
