@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -101,8 +102,6 @@ def _place_cpus(cfg: TetherConfig, ranks: distributed.Ranks) -> list[list[int]] 
     cores) and return the local actor processes' cores; None (shared) otherwise."""
     if cfg.learner.cpu_placement != "split" or ranks.device.type != "cpu":
         return None
-    import os
-
     learner_cpus, actor_cpus = devices.split_cpus(sorted(os.sched_getaffinity(0)), ranks.world,
                                                   cfg.actors.num_local)
     devices.pin(learner_cpus[ranks.rank])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -239,10 +240,10 @@ def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
                                                  torch_dtype=torch.float32)
     tied = model.config.tie_word_embeddings
 
-    def full():
-        return dict(without_tied(((k, v.detach()) for k, v in model.state_dict().items()), tied))
+    def named(m):
+        return ((k, v.detach()) for k, v in m.state_dict().items())
 
-    kinds = {"full": full}
+    kinds = {"full": lambda: dict(without_tied(named(model), tied))}
     for r in ranks:
         peft = wrap(AutoModelForCausalLM.from_pretrained(fetch("smollm2-135m-instruct"),
                                                          torch_dtype=torch.float32),
@@ -250,8 +251,7 @@ def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
         for n, p in peft.named_parameters():  # B is zero at init: give it values, as trained
             if "lora_B" in n:
                 torch.nn.init.normal_(p, std=1e-3)
-        kinds[f"lora_r{r}"] = (lambda pm: lambda: split_state(
-            (k, v.detach()) for k, v in pm.state_dict().items())[1])(peft)
+        kinds[f"lora_r{r}"] = functools.partial(lambda pm: split_state(named(pm))[1], peft)
     out = {"model": "SmolLM2-135M-Instruct float32", "by_kind": {}}
     for name, state_fn in kinds.items():
         t0 = time.perf_counter()
