@@ -161,18 +161,18 @@ class OpenAIEndpoint:
         if s.last_call is not None and s.last_call[0] == keys:
             log.info("rollout %s: call repeated (a client retry): the same answer again", s.rid)
             return s.last_call[1]
-        turn = await self._turn(s, req)
+        turn = await self._turn(s, req, keys)
         s.last_call = (keys, turn)
         return turn
 
-    async def _turn(self, s: Session, req: ChatRequest) -> Turn:
+    async def _turn(self, s: Session, req: ChatRequest, keys: list[tuple]) -> Turn:
         task, traj = s.task, s.traj
         if req.n != 1:
             raise HTTPError(400, "only n=1 is supported")
         if req.temperature is not None and req.temperature != task.temperature:
             raise HTTPError(400, f"temperature must be {task.temperature} (the task's) or absent")
         tools = self._check_tools(s, req)
-        new = self._new_messages(s, req.messages)
+        new = self._new_messages(s, req.messages, keys)
         if s.finish is not None:  # a limit was reached: every further call gets an empty answer
             return self._refuse(s, new)
         rendered = self._render(s, new, tools)
@@ -212,8 +212,9 @@ class OpenAIEndpoint:
         s.tools = tools
         return tools
 
-    def _new_messages(self, s: Session, messages: list[ChatMessage]) -> list[ChatMessage]:
-        keys = [message_key(m) for m in messages]
+    def _new_messages(self, s: Session, messages: list[ChatMessage],
+                      keys: list[tuple]) -> list[ChatMessage]:
+        """The messages after the conversation so far (`keys`: message_key of each message)."""
         if keys[:len(s.keys)] != s.keys:
             raise HTTPError(400, "messages must repeat the conversation so far, assistant "
                                  "messages exactly as returned (content and tool_calls)")
