@@ -175,6 +175,9 @@ class LearnerConfig(Section):
     """Passes over each batch."""
     checkpoint_every: NonNegative = 100
     """Save a checkpoint every N steps (0 = only at the end)."""
+    checkpoint_keep: NonNegative = 2
+    """Keep the newest N checkpoints and delete older ones once a new one is complete (0 = keep
+    all). A SmolLM2-135M checkpoint with AdamW state is 1.6 GB."""
     resume: bool = False
     """Continue from the newest checkpoint in run_dir/checkpoints."""
     log_every: Count = 10

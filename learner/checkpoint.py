@@ -16,7 +16,9 @@ base) are left out: they never change, and the run rebuilds them from model.path
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -25,6 +27,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_leaves
 
 
 def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict,
@@ -34,8 +38,9 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, e
     A fresh AdamW has no state; get_state_dict would create it with a zero-gradient step
     (step count 1), which would change the run. Then only the model is saved."""
     with_optimizer = bool(optimizer.state)
-    dcp.save(_state(model, optimizer, with_optimizer), checkpoint_id=str(path / "dcp"),
-             no_dist=not dist.is_initialized())
+    state = _state(model, optimizer, with_optimizer)
+    ensure_space(path, state, ranks)
+    dcp.save(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
     if rank == 0:
         (path / "backend.json").write_text(json.dumps(
             {"backend": backend, "ranks": ranks, "optimizer": with_optimizer}))
@@ -57,6 +62,24 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     else:
         set_model_state_dict(model, state["model"], options=_options(model))
     return json.loads((path / "state.json").read_text())
+
+
+def ensure_space(path: Path, state: dict, ranks: int) -> None:
+    """Raise before writing anything when the filesystem under `path` cannot hold the checkpoint.
+
+    The estimate is this rank's tensor bytes times `ranks` (the shards of FSDP2/Megatron are about
+    equal; on one host they all land on this filesystem), plus 5% and 64 MiB for DCP's metadata. A
+    write that runs out of space midway fails inside torch.save with an unhelpful
+    "unexpected pos" error and leaves a partial step_N.tmp; this names the cause instead."""
+    local = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
+                for t in tree_leaves(state) if isinstance(t, torch.Tensor))
+    need = int(local * ranks * 1.05) + (64 << 20)
+    where = next(p for p in (path, *path.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"checkpoint {path} needs about {need / 2**30:.2f} GiB but "
+                      f"{where} has {free / 2**30:.2f} GiB free; free space, or set "
+                      "learner.checkpoint_keep lower or learner.checkpoint_every higher")
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool) -> dict:

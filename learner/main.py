@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -202,7 +203,8 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
             st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
                 with tl.span("checkpoint"):  # counted in the next step's row
-                    _save_checkpoint(team, st.server, run_dir, st.version)
+                    _save_checkpoint(team, st.server, run_dir, st.version,
+                                     cfg.learner.checkpoint_keep)
     except KeyboardInterrupt:
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
@@ -219,7 +221,7 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
-        _save_checkpoint(team, st.server, run_dir, st.version)
+        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep)
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
@@ -312,7 +314,7 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: Path,
-                     version: int) -> None:
+                     version: int, keep: int) -> None:
     snap = server.snapshot()
     state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
@@ -320,12 +322,23 @@ def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: P
     team.save_checkpoint(tmp, {"version": version, **state})
     np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
-        import shutil
-
         shutil.rmtree(path)
     tmp.rename(path)
     log.info("checkpoint v%d saved to %s (%d actors connected)", version, path,
              snap["actors_connected"])
+    _prune_checkpoints(run_dir, keep)
+
+
+def _prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (0 = keep all), and any
+    `step_N.tmp` a crash left behind. Runs only after a new checkpoint is complete."""
+    for tmp in (run_dir / "checkpoints").glob("step_*.tmp"):
+        shutil.rmtree(tmp)
+    old = _checkpoint_dirs(run_dir)[:-keep] if keep else []
+    for path in old:
+        shutil.rmtree(path)
+    if old:
+        log.info("deleted %d older checkpoint(s) (learner.checkpoint_keep=%d)", len(old), keep)
 
 
 def _restore(backend, leases: LeaseTable, buffer: ReplayBuffer, path: Path) -> int:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from learner import checkpoint
 from learner import megatron_convert as convert
 from learner.megatron_cpu import cpu_redirects, init_rng_tracker
 from models.devices import compute
@@ -252,7 +253,9 @@ class MegatronBackend:
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         with_optimizer = bool(self.optimizer.state)
-        dcp.save(self._dcp_state(with_optimizer), checkpoint_id=str(path / "dcp"))
+        state = self._dcp_state(with_optimizer)
+        checkpoint.ensure_space(path, state, dist.get_world_size())
+        dcp.save(state, checkpoint_id=str(path / "dcp"))
         if dist.get_rank() == 0:
             (path / "backend.json").write_text(json.dumps(
                 {"backend": "megatron", "tp": self.tp, "pp": self.pp, "optimizer": with_optimizer}))

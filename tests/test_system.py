@@ -220,6 +220,8 @@ def test_checkpoint_then_resume_continues_the_run(tmp_path, tiny_model_dir):
     assert [r["step"] for r in procs.metrics(run)] == list(range(1, 9))  # appended, not restarted
     # what was in flight when the first run ended is accounted for, not lost silently
     assert s2["groups"]["consumed"] == 8 * 8
+    # learner.checkpoint_keep=2: step_2 went once step_8 was complete
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_4", "step_8"]
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
