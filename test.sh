@@ -18,7 +18,7 @@ if [ "${TETHER_SGLANG:-1}" != 0 ]; then
   bash scripts/env_sglang.sh || exit 1
   # No CPU build of sgl_kernel exists: the CPU lane puts a stand-in on the path (never on GPUs).
   shim=""; command -v nvidia-smi >/dev/null || shim=tests/sglang_cpu_shim
-  TETHER_LANE=sglang PYTHONPATH="$shim" .venv-sglang/bin/python -m pytest -ra --durations=10 tests/test_sglang.py tests/test_sglang_real_model.py "$@"
+  TETHER_LANE=sglang PYTHONPATH="$shim" .venv-sglang/bin/python -m pytest -ra --durations=10 tests/test_sglang.py tests/test_sglang_lora.py tests/test_sglang_real_model.py "$@"
   src=$?
   [ "$src" -eq 5 ] && src=0  # the arguments selected no SGLang test
   [ "$rc" -eq 0 ] && rc=$src

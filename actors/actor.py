@@ -275,7 +275,9 @@ class Actor:
             llm = SGLangEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                                max_total_tokens=A.sglang_max_total_tokens,
                                mem_fraction_static=A.sglang_mem_fraction_static,
-                               on_sigterm=self.stopped.set)
+                               on_sigterm=self.stopped.set,
+                               lora_rank=self.cfg.learner.lora.rank,
+                               lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
         dtype = devices.torch_dtype(self.cfg.model.dtype)

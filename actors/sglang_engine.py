@@ -21,6 +21,15 @@ tensor plus name/dtype/shape/offsets), between `begin_weight_update` and `end_we
 bucket beyond the model is in memory at a time. Filesystem weights load with
 `update_weights_from_disk` from a per-version directory holding a link to the version file.
 
+LoRA runs (`lora_rank > 0`, docs/lora.md): SGLang starts with `enable_lora` (its `torch_native`
+LoRA backend on CPU). The base arrives once and loads like full weights; every adapter version is
+added in memory with `load_lora_adapter_from_tensors` under a fresh name, and each request names
+the adapter it was submitted with (`lora_path`), so all its tokens carry that adapter's version.
+Updates need no pause: new requests use the new adapter at once; `wait` and `keep` let running
+requests finish on their own adapter (SGLang cannot move a running request to another adapter);
+`abort` stops them and resubmits prompt + prefix with the new one. An old adapter is unloaded
+once no request runs on it.
+
 Behavior logprobs are SGLang's `output_token_logprobs`: log of the tempered probabilities it
 sampled from (unless SGLANG_RETURN_ORIGINAL_LOGPROB is set, which this module refuses).
 """
@@ -45,14 +54,19 @@ log = logging.getLogger(__name__)
 UPDATE_MODES = ("wait", "keep", "abort")
 _PAUSE = {"wait": "in_place", "keep": "retract", "abort": "abort"}
 """SGLang pause mode per update_mode (wait pauses only once nothing runs)."""
+LORA_SLOTS = 4
+"""Adapters SGLang holds at once (`max_loras_per_batch`): old versions still finishing + the new."""
 _ACTOR_PID = "TETHER_SGLANG_ACTOR_PID"
 """Environment variable (inherited by SGLang's children): the pid whose exit ends them."""
 
 
 class SGLangEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
-                 mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None) -> None:
+                 mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
+                 lora_rank: int = 0, lora_targets: tuple[str, ...] = ()) -> None:
         """Start SGLang with placeholder weights; nothing is generated before `load_*`.
+        `lora_rank > 0`: a LoRA run's actor (the base once, then adapters of that rank on the
+        modules `lora_targets`, peft's names).
         Blocks for the engine start-up (40 s or more on CPU): call it from a worker thread that
         lives as long as the engine (SGLang's children die with the thread that started them).
         `on_sigterm` replaces SGLang's own SIGTERM handler in this process (the actor's stop)."""
@@ -89,6 +103,11 @@ class SGLangEngine:
         self._running = 0
         self._idle = asyncio.Condition()
         """Notified whenever a request ends (update_mode wait waits for none running)."""
+        self._adapter: str | None = None
+        """LoRA runs: the name of the adapter new requests use."""
+        self._users: dict[str, int] = {}
+        """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
+        self._lora_ids = itertools.count(1)
         kw = dict(model_path=str(model_dir), dtype="float32", load_format="dummy",
                   skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
                   disable_overlap_schedule=True, log_level="warning")
@@ -98,6 +117,12 @@ class SGLangEngine:
             kw["mem_fraction_static"] = mem_fraction_static
         if not torch.cuda.is_available():
             kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+        if lora_rank:
+            kw.update(enable_lora=True, max_lora_rank=lora_rank,
+                      lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS,
+                      max_loaded_loras=LORA_SLOTS)
+            if not torch.cuda.is_available():
+                kw["lora_backend"] = "torch_native"
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)
@@ -125,20 +150,28 @@ class SGLangEngine:
         vers: list[int] = []
         while True:
             await self._open.wait()
+            version, lora = self.version, self._adapter
             params = {"max_new_tokens": max_new_tokens - len(ids), "temperature": temperature,
-                      "sampling_seed": versioned_seed(seed + len(ids), self.version)}
+                      "sampling_seed": versioned_seed(seed + len(ids), version)}
             self._running += 1
+            if lora is not None:
+                self._users[lora] += 1
             try:
-                out = await self._one_request(prompt + ids, params)
+                out = await self._one_request(prompt + ids, params, lora)
             finally:
                 self._running -= 1
+                if lora is not None:
+                    self._users[lora] -= 1
                 async with self._idle:
                     self._idle.notify_all()
+            if lora is not None:
+                await self._drop_unused_adapters()
             info = out["meta_info"]
             new = [int(t) for t in out["output_ids"]]
             ids.extend(new)
             lps.extend(float(x[0]) for x in info["output_token_logprobs"])
-            vers.extend(_span_versions(info.get("weight_versions"), len(new)))
+            vers.extend([version] * len(new) if lora is not None
+                        else _span_versions(info.get("weight_versions"), len(new)))
             reason = info["finish_reason"]["type"] if info["finish_reason"] else "abort"
             if reason != "abort" or len(ids) >= max_new_tokens:
                 break
@@ -147,11 +180,13 @@ class SGLangEngine:
                           versions=np.asarray(vers, dtype=np.int32),
                           finish_reason="length" if reason == "length" else "stop")
 
-    async def _one_request(self, input_ids: list[int], params: dict) -> dict:
-        """One streamed SGLang request; returns its last (cumulative) output."""
+    async def _one_request(self, input_ids: list[int], params: dict, lora: str | None) -> dict:
+        """One streamed SGLang request (on adapter `lora`, if any); returns its last
+        (cumulative) output."""
         stream = await self.engine.async_generate(input_ids=input_ids, sampling_params=params,
                                                   return_logprob=True, stream=True,
-                                                  rid=f"t{next(self._ids)}-{os.getpid()}")
+                                                  rid=f"t{next(self._ids)}-{os.getpid()}",
+                                                  lora_path=lora)
         out, seen = None, 0
         async for out in stream:
             n = len(out["output_ids"])
@@ -162,8 +197,63 @@ class SGLangEngine:
         return out
 
     async def load_packed(self, manifest, buckets: list) -> None:
-        """Load a version from Tether's buckets, one bucket at a time."""
-        await self._update(manifest.version, self._load_buckets(manifest, buckets))
+        """Load a version from Tether's buckets, one bucket at a time; a LoRA run's base keeps
+        the version (its tokens are labelled by adapter), an adapter is added alongside."""
+        if manifest.kind == "adapter":
+            await self._load_adapter(manifest, buckets)
+            return
+        version = self.version if manifest.kind == "base" else manifest.version
+        await self._update(version, self._load_buckets(manifest, buckets))
+
+    async def _load_adapter(self, manifest, buckets: list) -> None:
+        """Add version `manifest.version`'s adapter in memory; new requests use it from now on."""
+        from sglang.srt.managers.io_struct import (ContinueGenerationReqInput,
+                                                   LoadLoRAAdapterFromTensorsReqInput,
+                                                   PauseGenerationReqInput)
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        from models.lora import PEFT_PREFIX
+        from transport.weights import unpack
+
+        self._attach()
+        tm = self.engine.tokenizer_manager
+        v, spec = manifest.version, manifest.lora
+        name = f"a{next(self._lora_ids)}-v{v}"
+        tensors = {PEFT_PREFIX + k: t for k, t in unpack(manifest, buckets).items()}
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
+                  "lora_alpha": spec.alpha, "target_modules": list(spec.targets),
+                  "lora_dropout": 0.0, "bias": "none"}
+        async with self._updating:
+            result = await tm.load_lora_adapter_from_tensors(LoadLoRAAdapterFromTensorsReqInput(
+                lora_name=name, config_dict=config,
+                serialized_named_tensors=[MultiprocessingSerializer.serialize(tensors)]), None)
+            _check((result.success, result.error_message), f"load_lora_adapter_from_tensors (v{v})")
+            self._users[name] = 0
+            self._adapter = name
+            abort = self.update_mode == "abort" and self.version >= 0
+            if abort:  # running requests end now and are resubmitted with this adapter
+                self._open.clear()
+                await tm.pause_generation(PauseGenerationReqInput(mode="abort"))
+            self.version = v
+            self._open.set()
+            if abort:
+                await tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Unload every adapter older than the current one that no request runs on."""
+        from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
+
+        while (old := next((n for n, users in self._users.items()
+                            if n != self._adapter and users == 0), None)) is not None:
+            del self._users[old]  # before the await: no other caller takes it too
+            result = await self.engine.tokenizer_manager.unload_lora_adapter(
+                UnloadLoRAAdapterReqInput(lora_name=old), None)
+            _check((result.success, result.error_message), f"unload_lora_adapter ({old})")
+
+    def loaded_adapters(self) -> set[str]:
+        """LoRA runs: the adapters SGLang holds now (by name)."""
+        return set(self._users)
 
     async def load_file(self, path: str, version: int) -> None:
         """Load a version from a safetensors file (shared-filesystem weights)."""
@@ -232,9 +322,14 @@ class SGLangEngine:
 def _scheduler_process(*args, **kwargs):
     """SGLang's scheduler process, ended with the actor (SGLang's own PR_SET_PDEATHSIG ties it to
     the thread that started it, and a SIGKILLed actor has been seen to leave it running)."""
+    import torch
     from sglang.srt.managers.scheduler import run_scheduler_process
 
     die_with(int(os.environ[_ACTOR_PID]))
+    if not torch.cuda.is_available():
+        from actors.sglang_cpu import unpinned_host_memory
+
+        unpinned_host_memory()  # SGLang's LoRA layers pin host memory (actors/sglang_cpu.py)
     return run_scheduler_process(*args, **kwargs)
 
 

@@ -413,9 +413,6 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "(not built for megatron yet)", L.backend)
     need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
          "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
-    need(L.lora.rank == 0 or A.engine != "sglang", "actors.engine",
-         "hf, vllm or simulated with learner.lora.rank > 0 (SGLang adapters are not built)",
-         A.engine)
     world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
     need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
          "learner.megatron_tp * learner.megatron_pp",

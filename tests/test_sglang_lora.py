@@ -1,0 +1,135 @@
+"""SGLang with LoRA adapters on CPU (its torch_native LoRA backend): the base once, an adapter
+per version loaded in memory (`load_lora_adapter_from_tensors`, no files), behavior logprobs
+equal to the learner's peft forward, in-flight updates. Runs in the SGLang lane of ./test.sh."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/env_sglang.sh)")
+
+import torch  # noqa: E402
+
+import engine_refs as refs  # noqa: E402
+from configs.schema import LoraConfig  # noqa: E402
+from learner.backend import SingleProcessBackend  # noqa: E402
+from transport.weights import pack  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+LORA = LoraConfig(rank=4, alpha=8)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from actors.sglang_engine import SGLangEngine
+
+    with refs.started_engine(lambda: SGLangEngine(tiny_model_dir, "keep", 0, 8192, 0.0,
+                                                  lora_rank=4,
+                                                  lora_targets=LORA.target_list())) as eng:
+        # the base, as an actor gets it once per learner run (every test publishes adapters)
+        backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
+        base = pack(backend.named_full_tensors(), -1, 64 * 1024, kind="base")
+        eng.loop.run_until_complete(eng.load_packed(base.manifest, list(base.buckets)))
+        yield eng
+
+
+def _publish(engine, backend, version):
+    packed = pack(backend.named_adapter_tensors(), version, 4096, kind="adapter",
+                  lora=backend.lora)
+    return engine.load_packed(packed.manifest, list(packed.buckets))
+
+
+def _trained(backend, model_dir, steps):
+    ids = torch.from_numpy(np.stack([np.concatenate([p, p[:3]])
+                                     for p in refs.prompts(model_dir, 4)]).astype(np.int64))
+    for _ in range(steps):
+        backend.step(-backend.logprobs(ids, 1.0).mean(), max_grad_norm=1.0)
+
+
+def _gaps(backend, prompts, outs, temperature, versions=None):
+    """Largest |engine - learner| logprob gap (over the tokens of `versions` only, if given)."""
+    worst = 0.0
+    for p, c in zip(prompts, outs):
+        ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
+        with torch.no_grad():
+            ref = backend.logprobs(ids, temperature)[0, len(p) - 1:].numpy()
+        sel = np.ones(len(c.token_ids), bool) if versions is None else np.isin(c.versions, versions)
+        if sel.any():
+            worst = max(worst, float(np.abs(ref[sel] - c.logprobs[sel]).max()))
+    return worst
+
+
+def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir):
+    backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
+    ps = refs.prompts(tiny_model_dir, 16)
+    seen = []
+    for version, steps in ((0, 0), (1, 5), (2, 5)):
+        _trained(backend, tiny_model_dir, steps)
+        engine.loop.run_until_complete(_publish(engine, backend, version))
+        outs = refs.generate(engine, ps, 5, 1.0)
+        assert all((c.versions == version).all() for c in outs)
+        worst = _gaps(backend, ps, outs, 1.0)
+        seen.append([c.token_ids.tolist() for c in outs])
+        print(f"SGLang LoRA v{version}: max |engine - learner| = {worst:.2e}")
+        assert worst < 1e-3
+    assert seen[0] != seen[2]  # the adapters changed what is sampled
+    assert engine.loaded_adapters() == {engine._adapter}  # only v2's adapter is left
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+def test_inflight_adapter_update(engine, tiny_model_dir, mode):
+    """A new adapter lands while long requests run. keep: they finish on the adapter they
+    started with; abort: they are resubmitted and continue on the new one. Either way each
+    token is labelled with the version whose adapter sampled it (its logprob matches that
+    version's learner), new requests get the new adapter, and the old adapter is unloaded
+    once its last request ended."""
+    engine.update_mode = mode
+    k = ("keep", "abort").index(mode)
+    va, vb = 10 + 2 * k, 11 + 2 * k
+    old = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
+    _trained(old, tiny_model_dir, 3)
+    new = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
+    _trained(new, tiny_model_dir, 8)
+    engine.loop.run_until_complete(_publish(engine, old, va))
+    ps = refs.prompts(tiny_model_dir, 12)
+
+    def second_batch():  # new requests while the first ones still run
+        return asyncio.gather(*(engine.generate(p, 5, 1.0, seed=200 + i)
+                                for i, p in enumerate(ps)))
+
+    first, second = refs.generate_across_update(engine, ps, 40, lambda: _publish(engine, new, vb),
+                                                after=second_batch)
+    assert all((c.versions == vb).all() for c in second)
+    for c in first:
+        assert set(c.versions.tolist()) <= {va, vb} and (np.diff(c.versions) >= 0).all()
+    mixed = sum(len(set(c.versions.tolist())) > 1 for c in first)
+    worst = max(_gaps(old, ps, first, 1.0, [va]), _gaps(new, ps, first, 1.0, [vb]),
+                _gaps(new, ps, second, 1.0))
+    print(f"SGLang in flight ({mode}): {mixed}/{len(ps)} samples span both versions, "
+          f"max |engine - learner| = {worst:.2e}")
+    assert worst < 1e-3
+    assert mixed == 0 if mode == "keep" else mixed > 0
+    assert engine.loaded_adapters() == {engine._adapter}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_lora_run_with_an_sglang_actor(tmp_path, tiny_model_dir):
+    """The whole path: learner (LoRA) + one SGLang actor process; the actor loads the base once
+    and then only adapters, the run finishes with its accounting balanced."""
+    import procs
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "actors.num_local=1", "learner.max_steps=20",
+                       "learner.checkpoint_every=0", "learner.lora.rank=8",
+                       "learner.lora.alpha=16", "learner.lr=3e-3",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
+    s = procs.finish_clean(lp, run, steps=20, timeout=800)
+    print("SGLang LoRA run: held-out", s["eval_reward_start"], "->", s["eval_reward_end"])
+    (log,) = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert "SGLangEngine" in log
+    assert log.count("loaded the base weights") == 1
+    assert log.count("(adapter, ") >= 5 and "(full, " not in log
