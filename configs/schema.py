@@ -136,6 +136,10 @@ class LoraConfig(Section):
 class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
+    max_train_minutes: Annotated[float, Meta(ge=0)] = 0.0
+    """Also end the run once training has lasted this long, counted from the first wait for a
+    batch (start-up and the first evaluation excluded; the final evaluation and export follow).
+    0 = no limit. summary.json's end_reason is then "time_limit"; comparisons at equal wall time."""
     prompts_per_step: Count = 16
     """GRPO groups (prompts) in one training batch."""
     group_size: Annotated[int, Meta(ge=2, description=">= 2 (group-relative advantages)")] = 8

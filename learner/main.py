@@ -177,14 +177,22 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
-    """Take a batch, step, gather and announce the new version, until learner.max_steps;
-    returns why it ended ("finished" or "interrupted"). Stops the server and actors."""
+    """Take a batch, step, gather and announce the new version, until learner.max_steps (or
+    learner.max_train_minutes); returns why it ended ("finished", "time_limit" or
+    "interrupted"). Stops the server and actors."""
     run_dir = Path(cfg.run_dir)
     reason = "finished"
+    deadline = (time.monotonic() + 60 * cfg.learner.max_train_minutes
+                if cfg.learner.max_train_minutes else float("inf"))
     try:
         tl = team.trainer.timeline
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
+            if time.monotonic() >= deadline:
+                reason = "time_limit"
+                log.info("learner.max_train_minutes=%g reached at v%d",
+                         cfg.learner.max_train_minutes, st.version)
+                break
             with tl.span("wait_buffer"):
                 groups = st.buffer.take(cfg.learner.prompts_per_step, st.version,
                                         timeout=WAIT_LOG_S)

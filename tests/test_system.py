@@ -44,6 +44,19 @@ def test_learner_with_two_local_actors_trains_and_accounts(tmp_path, tiny_model_
     assert (run / "config.yaml").exists() and (run / "endpoints.json").exists()
 
 
+def test_max_train_minutes_ends_the_run_at_its_wall_time(tmp_path, tiny_model_dir):
+    """learner.max_train_minutes: the run ends on time, far short of max_steps, then evaluates
+    and writes its summary as a finished run would, with its accounting balanced."""
+    run = tmp_path / "run"
+    s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=100000",
+                            "learner.max_train_minutes=0.1")
+    assert s["end_reason"] == "time_limit"
+    assert 1 <= s["steps"] < 100000
+    assert [r["step"] for r in procs.metrics(run)] == list(range(1, s["steps"] + 1))
+    assert (run / "final_model" / "config.json").exists() and "eval_reward_end" in s
+    _check_accounting(s)
+
+
 def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
     """transport.weights_via=filesystem: actors read each version's safetensors file; the
     socket carries only the notice, and old files are pruned to max_staleness + 3."""
