@@ -55,7 +55,8 @@ UPDATE_MODES = ("wait", "keep", "abort")
 _PAUSE = {"wait": "in_place", "keep": "retract", "abort": "abort"}
 """SGLang pause mode per update_mode (wait pauses only once nothing runs)."""
 LORA_SLOTS = 4
-"""Adapters SGLang holds at once (`max_loras_per_batch`): old versions still finishing + the new."""
+"""Adapters in one running batch (`max_loras_per_batch`): old versions still finishing + the new;
+requests on a fifth wait in SGLang's queue."""
 _ACTOR_PID = "TETHER_SGLANG_ACTOR_PID"
 """Environment variable (inherited by SGLang's children): the pid whose exit ends them."""
 
@@ -118,9 +119,9 @@ class SGLangEngine:
         if not torch.cuda.is_available():
             kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
         if lora_rank:
+            # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
             kw.update(enable_lora=True, max_lora_rank=lora_rank,
-                      lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS,
-                      max_loaded_loras=LORA_SLOTS)
+                      lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS)
             if not torch.cuda.is_available():
                 kw["lora_backend"] = "torch_native"
         root = logging.getLogger()
@@ -252,8 +253,8 @@ class SGLangEngine:
             _check((result.success, result.error_message), f"unload_lora_adapter ({old})")
 
     def loaded_adapters(self) -> set[str]:
-        """LoRA runs: the adapters SGLang holds now (by name)."""
-        return set(self._users)
+        """LoRA runs: the adapters SGLang's registry holds now (by name)."""
+        return set(self.engine.tokenizer_manager.lora_registry.get_all_adapters())
 
     async def load_file(self, path: str, version: int) -> None:
         """Load a version from a safetensors file (shared-filesystem weights)."""

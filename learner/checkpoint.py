@@ -39,7 +39,7 @@ def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, e
     (step count 1), which would change the run. Then only the model is saved."""
     with_optimizer = bool(optimizer.state)
     state = _state(model, optimizer, with_optimizer)
-    ensure_space(path, state, ranks)
+    ensure_space(path, state)
     dcp.save(state, checkpoint_id=str(path / "dcp"), no_dist=not dist.is_initialized())
     if rank == 0:
         (path / "backend.json").write_text(json.dumps(
@@ -64,19 +64,35 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     return json.loads((path / "state.json").read_text())
 
 
-def ensure_space(path: Path, state: dict, ranks: int) -> None:
-    """Raise before writing anything when the filesystem under `path` cannot hold the checkpoint.
+def ensure_space(path: Path, state: dict, counted: bool = True) -> None:
+    """Raise on every rank, before the model and optimizer are written, when the filesystem
+    under `path` cannot hold the checkpoint.
 
-    The estimate is this rank's tensor bytes times `ranks` (the shards of FSDP2/Megatron are about
-    equal; on one host they all land on this filesystem), plus 5% and 64 MiB for DCP's metadata. A
-    write that runs out of space midway fails inside torch.save with an unhelpful
-    "unexpected pos" error and leaves a partial step_N.tmp; this names the cause instead."""
-    local = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
-                for t in tree_leaves(state) if isinstance(t, torch.Tensor))
-    need = int(local * ranks * 1.05) + (64 << 20)
+    The estimate is the sum over ranks of their state's tensor bytes (`counted=False` for a rank
+    whose tensors another rank also writes: Megatron's data-parallel replicas) plus 5% and
+    64 MiB for DCP's metadata; every rank checks it against its own filesystem and all of them
+    share one decision, so no rank is left waiting in `dcp.save` for one that gave up. A write
+    that runs out of space midway fails inside torch.save with an unhelpful "unexpected pos"
+    error and leaves a partial step_N.tmp; this names the cause instead."""
+    total = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
+                for t in tree_leaves(state) if isinstance(t, torch.Tensor)) if counted else 0
     where = next(p for p in (path, *path.parents) if p.exists())
     free = shutil.disk_usage(where).free
-    if need > free:
+    if dist.is_initialized():
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else torch.device("cpu"))
+        summed = torch.tensor([total], dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        total = int(summed.item())
+    need = int(total * 1.05) + (64 << 20)
+    fits = need <= free
+    if dist.is_initialized():
+        flag = torch.tensor([int(fits)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not flag.item() and fits:
+            raise OSError(errno.ENOSPC, f"checkpoint {path} needs about {need / 2**30:.2f} GiB: "
+                          "another rank's filesystem has too little free space")
+    if not fits:
         raise OSError(errno.ENOSPC, f"checkpoint {path} needs about {need / 2**30:.2f} GiB but "
                       f"{where} has {free / 2**30:.2f} GiB free; free space, or set "
                       "learner.checkpoint_keep lower or learner.checkpoint_every higher")

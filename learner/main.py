@@ -334,15 +334,18 @@ def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: P
     tmp.rename(path)
     log.info("checkpoint v%d saved to %s (%d actors connected)", version, path,
              snap["actors_connected"])
-    _prune_checkpoints(run_dir, keep)
+    _prune_checkpoints(run_dir, keep, version)
 
 
-def _prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints (0 = keep all), and any
-    `step_N.tmp` a crash left behind. Runs only after a new checkpoint is complete."""
+def _prune_checkpoints(run_dir: Path, keep: int, version: int) -> None:
+    """Keep the newest `keep` complete checkpoints up to step `version`, the one just written
+    (0 = keep all), and delete the older ones and any `step_N.tmp` a crash left behind. Runs
+    only after that checkpoint is complete. Checkpoints of higher steps (an earlier run in the
+    same run_dir) are left alone."""
     for tmp in (run_dir / "checkpoints").glob("step_*.tmp"):
         shutil.rmtree(tmp)
-    old = _checkpoint_dirs(run_dir)[:-keep] if keep else []
+    upto = [p for p in _checkpoint_dirs(run_dir) if int(p.name[5:]) <= version]
+    old = upto[:-keep] if keep else []
     for path in old:
         shutil.rmtree(path)
     if old:

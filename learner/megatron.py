@@ -254,7 +254,7 @@ class MegatronBackend:
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         with_optimizer = bool(self.optimizer.state)
         state = self._dcp_state(with_optimizer)
-        checkpoint.ensure_space(path, state, dist.get_world_size())
+        checkpoint.ensure_space(path, state, counted=self.dp_rank == 0)  # replicas share keys
         dcp.save(state, checkpoint_id=str(path / "dcp"))
         if dist.get_rank() == 0:
             (path / "backend.json").write_text(json.dumps(
