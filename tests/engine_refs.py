@@ -158,6 +158,31 @@ def check_inflight_update(engine, model_dir, mode):
         assert mixed >= 1, f"{mode}: no sample straddled the update"
 
 
+def load_lora_base(engine, backend) -> None:
+    """A LoRA run's base, as an actor gets it once per learner run."""
+    from transport.weights import pack
+
+    base = pack(backend.named_full_tensors(), -1, 64 * 1024, kind="base")
+    engine.loop.run_until_complete(engine.load_packed(base.manifest, list(base.buckets)))
+
+
+def publish_adapter(engine, backend, version):
+    """The awaitable that loads `backend`'s adapter into `engine` as `version`."""
+    from transport.weights import pack
+
+    packed = pack(backend.named_adapter_tensors(), version, 4096, kind="adapter",
+                  lora=backend.lora)
+    return engine.load_packed(packed.manifest, list(packed.buckets))
+
+
+def train_adapter(backend, model_dir, steps: int) -> None:
+    """`steps` optimizer steps of `backend` on a fixed loss (the logprob of a fixed batch)."""
+    ids = torch.from_numpy(np.stack([np.concatenate([p, p[:3]])
+                                     for p in prompts(model_dir, 4)]).astype(np.int64))
+    for _ in range(steps):
+        backend.step(-backend.logprobs(ids, 1.0).mean(), max_grad_norm=1.0)
+
+
 def real_model_gaps(make_engine, model_dir) -> dict[int, float]:
     """The real-model check shared by the vLLM and SGLang lanes: versions 0 and 1 of a learner's
     weights (one real optimizer step between them, raising the sampled completions' logprobs)

@@ -16,7 +16,6 @@ import torch  # noqa: E402
 import engine_refs as refs  # noqa: E402
 from configs.schema import LoraConfig  # noqa: E402
 from learner.backend import SingleProcessBackend  # noqa: E402
-from transport.weights import pack  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 LORA = LoraConfig(rank=4, alpha=8)
@@ -31,22 +30,8 @@ def engine(tiny_model_dir):
                                                   lora_targets=LORA.target_list())) as eng:
         # the base, as an actor gets it once per learner run (every test publishes adapters)
         backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
-        base = pack(backend.named_full_tensors(), -1, 64 * 1024, kind="base")
-        eng.loop.run_until_complete(eng.load_packed(base.manifest, list(base.buckets)))
+        refs.load_lora_base(eng, backend)
         yield eng
-
-
-def _publish(engine, backend, version):
-    packed = pack(backend.named_adapter_tensors(), version, 4096, kind="adapter",
-                  lora=backend.lora)
-    return engine.load_packed(packed.manifest, list(packed.buckets))
-
-
-def _trained(backend, model_dir, steps):
-    ids = torch.from_numpy(np.stack([np.concatenate([p, p[:3]])
-                                     for p in refs.prompts(model_dir, 4)]).astype(np.int64))
-    for _ in range(steps):
-        backend.step(-backend.logprobs(ids, 1.0).mean(), max_grad_norm=1.0)
 
 
 def _gaps(backend, prompts, outs, temperature, versions=None):
@@ -67,8 +52,8 @@ def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir
     ps = refs.prompts(tiny_model_dir, 16)
     seen = []
     for version, steps in ((0, 0), (1, 5), (2, 5)):
-        _trained(backend, tiny_model_dir, steps)
-        engine.loop.run_until_complete(_publish(engine, backend, version))
+        refs.train_adapter(backend, tiny_model_dir, steps)
+        engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
         outs = refs.generate(engine, ps, 5, 1.0)
         assert all((c.versions == version).all() for c in outs)
         worst = _gaps(backend, ps, outs, 1.0)
@@ -90,18 +75,18 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
     k = ("keep", "abort").index(mode)
     va, vb = 10 + 2 * k, 11 + 2 * k
     old = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
-    _trained(old, tiny_model_dir, 3)
+    refs.train_adapter(old, tiny_model_dir, 3)
     new = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
-    _trained(new, tiny_model_dir, 8)
-    engine.loop.run_until_complete(_publish(engine, old, va))
+    refs.train_adapter(new, tiny_model_dir, 8)
+    engine.loop.run_until_complete(refs.publish_adapter(engine, old, va))
     ps = refs.prompts(tiny_model_dir, 12)
 
     def second_batch():  # new requests while the first ones still run
         return asyncio.gather(*(engine.generate(p, 5, 1.0, seed=200 + i)
                                 for i, p in enumerate(ps)))
 
-    first, second = refs.generate_across_update(engine, ps, 40, lambda: _publish(engine, new, vb),
-                                                after=second_batch)
+    first, second = refs.generate_across_update(
+        engine, ps, 40, lambda: refs.publish_adapter(engine, new, vb), after=second_batch)
     assert all((c.versions == vb).all() for c in second)
     for c in first:
         assert set(c.versions.tolist()) <= {va, vb} and (np.diff(c.versions) >= 0).all()
