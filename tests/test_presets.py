@@ -5,6 +5,7 @@ stripped (tests/data/presets_resolved.json, written by the loader of that time).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -82,3 +83,50 @@ def test_a_cycle_through_two_presets_names_both(tmp_path):
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ConfigError, match="cycle: a.yaml -> b.yaml -> a.yaml"):
         load_config(tmp_path / "a.yaml")
+
+
+def _needs(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "preset_needs.py"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("preset, overrides, line", [
+    ("toy_reverse.yaml", [], "- -"),
+    ("toy_reverse_vllm.yaml", [], "vllm-cpu -"),
+    ("toy_reverse_megatron.yaml", [], "megatron -"),
+    ("toy_calculator.yaml", ["actors.agent=openai",
+                             "actors.openai_agent=actors.openai_example:calculator_agent"], "agents -"),
+    # the model directory is absent: the preset needs its extras and the model's converter
+    ("smollm2_add.yaml", ["model.path=runs/models/smollm2-135m-instruct-absent"], "vllm-cpu,data -"),
+])
+def test_run_sh_installs_what_a_preset_uses(preset, overrides, line):
+    r = _needs(str(ROOT / "configs" / preset), *overrides)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == line
+
+
+def test_run_sh_fetches_a_missing_embedded_model(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preset_needs", ROOT / "scripts" / "preset_needs.py")
+    needs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(needs)
+    monkeypatch.setattr(needs, "ROOT", tmp_path)  # no converted model there
+    assert needs.main([str(ROOT / "configs" / "smollm2_add_40min.yaml")]) == 0
+    assert capsys.readouterr().out.strip() == "vllm-cpu,data,real-model smollm2-135m-instruct"
+    from models.fetch import DEFAULT_ROOT, MODELS
+
+    assert needs.FETCHABLE == tuple(MODELS) and Path(needs.FETCH_ROOT) == DEFAULT_ROOT
+
+
+@pytest.mark.parametrize("args, message", [
+    (["configs/toy_reverse.yaml", "learner.lr=-1"], "run.sh: learner.lr must be > 0, got -1.0"),
+    (["configs/toy_reverse_sglang.yaml"], "run.sh: actors.engine=sglang runs in .venv-sglang"),
+])
+def test_run_sh_stops_on_a_bad_preset_before_installing(args, message):
+    r = _needs(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(message), r.stderr
