@@ -259,8 +259,8 @@ class OpenAIEndpoint:
             if isinstance(parsed, ParsedTurn) and any(f.name not in names for f in parsed.calls):
                 parsed = ParseFailure("a call names a tool not in the request's tools")
             if isinstance(parsed, ParseFailure):
-                s.tool_parse_errors += 1
-                log.info("rollout %s turn %d: tool call did not parse (%s); returned as content",
+                s.tool_parse_errors += 1  # counted in metrics (tool_parse_errors); one per turn
+                log.debug("rollout %s turn %d: tool call did not parse (%s); returned as content",
                          s.rid, s.traj.turns, parsed.message)
             elif parsed.calls:
                 calls = [{"id": f"call_{s.rid}_{s.traj.turns}_{k}", "type": "function",
