@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -56,6 +57,57 @@ def _single(cfg, dtype: torch.dtype = torch.float32):
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+NOISE_REL = 1e-7
+"""Relative perturbation of the reference's initial weights: about one float32 rounding."""
+NOISE_SEEDS = (1, 2, 3)
+ILL_CONDITIONED_FRAC = 1e-3
+"""At most this fraction of the weights may be ill-conditioned (move more than TOL under
+NOISE_REL), so the weights bound stays TOL nearly everywhere."""
+_noise_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+
+def _single_after_steps(cfg, perturb_seed: int | None = None) -> dict[str, torch.Tensor]:
+    backend, trainer = _single(cfg)
+    if perturb_seed is not None:
+        g = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for p in backend.model.parameters():
+                p.mul_(1 + NOISE_REL * torch.randn(p.shape, generator=g))
+    for s in range(fsdp_worker.STEPS):
+        trainer.step(fsdp_worker.synthetic_groups(cfg, s), s)
+    return backend.state_dict()
+
+
+def _rounding_noise(cfg) -> dict[str, torch.Tensor]:
+    """How far each weight of the single-process reference after STEPS steps moves when its
+    initial weights carry float32 rounding noise (NOISE_REL; elementwise max over NOISE_SEEDS).
+    Measured on the test model: one element of 132,800 (layer 0 q_proj) moves ~3.7e-5, with or
+    without the PPO clip and the grad-norm clip; every other one stays below 1e-5. No float32
+    implementation with another summation order (Megatron's TP and PP splits) can be held to
+    TOL at such an element, nor can the reference itself."""
+    key = msgspec.json.encode(cfg).decode()
+    if key not in _noise_cache:
+        base = _single_after_steps(cfg)
+        noise = {k: torch.zeros_like(v) for k, v in base.items()}
+        for seed in NOISE_SEEDS:
+            other = _single_after_steps(cfg, seed)
+            noise = {k: torch.maximum(noise[k], (other[k] - base[k]).abs()) for k in base}
+        _noise_cache[key] = noise
+    return _noise_cache[key]
+
+
+def _assert_weights_match(got: dict, ref: dict, noise: dict, label: str) -> None:
+    """`got` equals `ref` within TOL, except where the reference is itself ill-conditioned
+    (`_rounding_noise`): there within TOL + 2 x that noise, and such elements are rare."""
+    assert got.keys() == ref.keys() == noise.keys(), label
+    total = sum(v.numel() for v in noise.values())
+    ill = sum(int((v > TOL).sum()) for v in noise.values())
+    assert ill <= ILL_CONDITIONED_FRAC * total, (label, ill, total)
+    for k in got:
+        excess = (got[k] - ref[k]).abs() - (TOL + 2 * noise[k])
+        assert excess.max().item() <= 0, (label, k, (got[k] - ref[k]).abs().max().item())
 
 
 def _rel_norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
@@ -113,7 +165,7 @@ def test_weights_after_n_steps_equal_single_process(megatron_runs, tiny_model_di
     got = load_file(str(out / f"train_{fsdp_worker.STEPS}.safetensors"))
     ref = backend.state_dict()
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
-    assert _max_diff(got, ref) <= TOL
+    _assert_weights_match(got, ref, _rounding_noise(cfg), layout)
     assert _max_diff(ref, initial) > 100 * TOL  # the weights really moved
     megatron_rows = json.loads((out / "train_metrics.json").read_text())
     for r, m in zip(rows, megatron_rows, strict=True):
@@ -521,7 +573,7 @@ def test_four_ranks_tp2_pp2_and_tp2_dp2_equal_single_process(tmp_path, tiny_mode
             assert got[k] == pytest.approx(ref[k], rel=TOL, abs=TOL), (layout, k)
         assert _max_diff(load_file(str(out / "grads_token_mean.safetensors")), grads) <= TOL
         weights = load_file(str(out / f"train_{fsdp_worker.STEPS}.safetensors"))
-        assert _max_diff(weights, after.state_dict()) <= TOL, layout
+        _assert_weights_match(weights, after.state_dict(), _rounding_noise(cfg), layout)
 
 
 @pytest.mark.megatron
