@@ -10,6 +10,7 @@ from actors.single_turn import SingleTurnAgent
 from actors.tool_agent import ToolAgent
 from actors.tool_parsers import make_parser
 from actors.tools import make_tools
+from actors.verifiers_agent import VerifiersAgent
 from configs.schema import TetherConfig
 
 
@@ -33,4 +34,8 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
         env = load_environment(A.environment or cfg.task.environment)
         return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward,
                                             tool_defs=getattr(env, "tools", None)), env)
+    if A.agent == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+                                  A.max_total_tokens, make_parser(A.tool_parser))
+        return VerifiersAgent(OpenAIAgent(endpoint, None, task.reward), task.env)
     raise ValueError(f"unknown agent {A.agent!r}")

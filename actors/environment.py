@@ -28,8 +28,8 @@ against, and every other column travels in the lease's meta to `rollout` and `ru
 as they are, other values JSON-encoded). `actors.environment` defaults to `task.environment`.
 
 This is the shape in which verifiers environments run their episodes (an OpenAI client, a
-model name, the prompt, the row's info) and score them (a rubric over the conversation). The
-verifiers package itself is not used: see docs/agents.md ("verifiers") for why.
+model name, the prompt, the row's info) and score them (a rubric over the conversation), without
+the package; environments written with verifiers itself run through actors/verifiers_agent.py.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class ModelConfig(Section):
 class TaskConfig(Section):
     name: str = "reverse"
     """The task: a built-in short name (reverse | calculator | gsm8k | data | additions |
-    environment) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    environment | verifiers) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
     """Length of the digit string the toy reversal task asks to reverse."""
     data_path: str = ""
@@ -88,6 +88,8 @@ class TaskConfig(Section):
     """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
     environment: str = ""
     """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
+    verifiers_env: str = ""
+    """verifiers: the verifiers environment whose taskset is the prompts and whose rubric the actors' `verifiers` agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or a verifiers environment id (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -278,8 +280,8 @@ class ActorsConfig(Section):
     groups_per_request: Count = 8
     """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
     the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
-    agent: Literal["single_turn", "tools", "openai", "environment"] = "single_turn"
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint)."""
+    agent: Literal["single_turn", "tools", "openai", "environment", "verifiers"] = "single_turn"
+    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
     tools: ToolList = "calc"
     """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
     max_turns: Count = 4
@@ -390,6 +392,7 @@ BUILTIN_TASKS: dict[str, str] = {
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
 
+    "verifiers": "actors.verifiers_agent:make_task",
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
@@ -436,6 +439,12 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
          "task.name is environment", A.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
+    need((A.agent == "verifiers") == (cfg.task.name == "verifiers"), "actors.agent",
+         "verifiers exactly when task.name is verifiers (its taskset's tasks are what the agent "
+         "plays)", A.agent)
+    need(cfg.task.name != "verifiers" or bool(cfg.task.verifiers_env), "task.verifiers_env",
+         "module:attribute or a verifiers environment id when task.name is verifiers",
+         cfg.task.verifiers_env)
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
          "set (a JSONL file) when task.name is gsm8k", cfg.task.data_path)

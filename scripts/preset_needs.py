@@ -30,6 +30,8 @@ def extras(cfg: TetherConfig) -> list[str]:
         out.append("megatron")
     if cfg.actors.agent in ("openai", "environment"):
         out.append("agents")
+    if cfg.actors.agent == "verifiers":
+        out.append("verifiers")
     return out
 
 

@@ -142,7 +142,7 @@ def test_resolved_config_round_trips(tmp_path):
     (["model.build_tiny=1"], "model.build_tiny must be bool, got 1"),
     (["run_dir=3"], "run_dir must be str, got 3"),
     (["actors.engine=3"], "actors.engine must be str, got 3"),
-    (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment or an import path module:make_task, got 'chess'"),
+    (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment, verifiers or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
                    "max_staleness, model, run_dir, task, transport)"),
 ])
