@@ -11,7 +11,9 @@ distributions instead, saving that pass, and differ from the learner's by float 
 
 LoRA runs: the base (manifest kind "base") is kept as a state dict; every adapter version is
 merged into a copy of it (models/lora.py `merge`, W + (alpha / rank) B @ A) and loaded like
-full weights, so generation costs what it costs without LoRA.
+full weights, so generation costs what it costs without LoRA. An adapter on a tied model's
+`lm_head` merges into a head of its own (models/tied.py): the model is untied when the first
+such version arrives, and a base loaded after that fills the head from the embedding.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from actors.engine import Completion, GenerateRequest, versioned_seed
 from models import lora
-from models.tied import load_state
+from models.tied import HEAD, load_state, untie, with_head
 from models.logprobs import token_logprobs
 
 
@@ -64,7 +66,7 @@ class HFEngine:
     def load_base(self, state: dict[str, torch.Tensor]) -> None:
         """Keep a LoRA run's frozen base; the version stays as it was (no adapter yet)."""
         with self._lock:
-            load_state(self.model, state, "base weights")
+            load_state(self.model, with_head(dict(state)), "base weights")
             self.base = state
 
     def load_adapter(self, adapter: dict[str, torch.Tensor], scale: float, version: int) -> None:
@@ -75,6 +77,8 @@ class HFEngine:
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         with self._lock:
+            if HEAD in state:  # a merged adapter on a tied head: the head is the model's own now
+                untie(self.model)
             load_state(self.model, state, f"weights v{version}")
             self.version = version
 

@@ -114,10 +114,13 @@ class TaskConfig(Section):
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Linear layers of a Qwen2/Llama decoder layer that LoRA can adapt (`learner.lora.targets`)."""
-_TARGET = "|".join(LORA_TARGETS)
+LORA_HEAD = "lm_head"
+"""The output head, also a LoRA target (a tied head is adapted alone: the embedding stays)."""
+_TARGET = "|".join((*LORA_TARGETS, LORA_HEAD))
 TargetList = Annotated[str, Meta(pattern=rf"^\s*({_TARGET})\s*(,\s*({_TARGET})\s*)*$",
-                                 description=f"a comma-separated subset of {LORA_TARGETS}")]
-"""Comma-separated names from LORA_TARGETS."""
+                                 description=f"a comma-separated subset of "
+                                             f"{(*LORA_TARGETS, LORA_HEAD)}")]
+"""Comma-separated names from LORA_TARGETS and LORA_HEAD."""
 
 
 class LoraConfig(Section):
@@ -129,7 +132,8 @@ class LoraConfig(Section):
     """Dropout on the adapter's input while training (0 = none; then rollouts and training see
     the same function)."""
     targets: TargetList = ",".join(LORA_TARGETS)
-    """Comma-separated linear layers of every decoder layer that get an adapter."""
+    """Comma-separated linear layers of every decoder layer that get an adapter, and `lm_head`
+    for the output head."""
 
     def target_list(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",")]

@@ -16,12 +16,12 @@ from typing import Protocol
 
 import torch
 
-from configs.schema import LoraConfig
+from configs.schema import LORA_HEAD as HEAD_TARGET, LoraConfig
 from learner import checkpoint
 from models import lora as lora_lib
 from models.devices import compute
 from models.logprobs import token_logprobs, token_logprobs_entropy
-from models.tied import without_tied
+from models.tied import untie, without_tied
 from transport.messages import LoraSpec
 
 
@@ -168,7 +168,9 @@ class SingleProcessBackend:
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (safetensors + config + tokenizer);
-        LoRA: peft's merge_and_unload of a copy, and the adapter directory in path/adapter."""
+        LoRA: peft's merge_and_unload of a copy, and the adapter directory in path/adapter. An
+        adapter on a tied head is merged into an untied copy of it (peft would merge it into
+        the embedding it shares): the export has its own head, `tie_word_embeddings: false`."""
         import copy
 
         from models.tiny import load_tokenizer
@@ -176,7 +178,11 @@ class SingleProcessBackend:
         if self.lora is None:
             self.model.save_pretrained(path, safe_serialization=True)
         else:
-            self.model.save_pretrained(path / ADAPTER_DIR, safe_serialization=True)
-            copy.deepcopy(self.model).merge_and_unload().save_pretrained(path,
-                                                                         safe_serialization=True)
+            # the adapters only (peft would add a copy of an adapted head's frozen base)
+            self.model.save_pretrained(path / ADAPTER_DIR, safe_serialization=True,
+                                       save_embedding_layers=False)
+            merged = copy.deepcopy(self.model)
+            if HEAD_TARGET in self.lora.targets:  # merge into a head of its own, E stays
+                untie(merged.get_base_model())
+            merged.merge_and_unload().save_pretrained(path, safe_serialization=True)
         load_tokenizer(self.model_dir).save_pretrained(path)

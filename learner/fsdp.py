@@ -19,6 +19,7 @@ into the `single` backend). The run directory must be on a filesystem every rank
 
 from __future__ import annotations
 
+import copy
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ from learner import checkpoint
 from learner.backend import ADAPTER_DIR, trainable, with_lora
 from models import lora as lora_lib
 from models.logprobs import token_logprobs, token_logprobs_entropy
-from models.tied import without_tied
+from models.tied import HEAD, without_tied
 
 
 class FSDP2Backend:
@@ -127,7 +128,8 @@ class FSDP2Backend:
 
     def export_hf(self, path: Path) -> None:
         """Rank 0 writes safetensors + config + tokenizer; the full weights exist only there.
-        LoRA: the merged model (models/lora.py `merge`) and the adapter in path/adapter."""
+        LoRA: the merged model (models/lora.py `merge`) and the adapter in path/adapter; an
+        adapter on a tied head makes the merged model untied (its own head, E unchanged)."""
         tensors = {}
         for name, t in self.named_full_tensors():
             if self.dp_rank == 0:
@@ -143,7 +145,11 @@ class FSDP2Backend:
 
             path.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-            self.model.config.save_pretrained(path)
+            config = self.model.config
+            if HEAD in tensors and config.tie_word_embeddings:  # an adapted tied head: untied
+                config = copy.deepcopy(config)
+                config.tie_word_embeddings = False
+            config.save_pretrained(path)
             if (self.model_dir / "generation_config.json").exists():
                 shutil.copy(self.model_dir / "generation_config.json", path)
             load_tokenizer(self.model_dir).save_pretrained(path)

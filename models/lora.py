@@ -9,6 +9,8 @@ Names on the wire are HF module names (those of the base model's own state dict)
 needs no peft: `merge` adds every adapter's product to its base weight. The learner's forward
 computes x W^T + s (x A^T) B^T instead; the two agree to float rounding (~1e-7), and every
 engine merges with this one function, so two engines given the same tensors are bitwise equal.
+An adapter on `lm_head` of a tied model adapts the head only: merged, the head is untied
+(E + s B A) and the embedding stays E (models/tied.py).
 
 `wrap` builds the learner's trainable peft model (peft imported only there).
 """
@@ -19,6 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from models.tied import EMBED, HEAD
+
 PEFT_PREFIX = "base_model.model."
 """What peft's LoraModel puts before the wrapped model's own parameter names."""
 
@@ -27,10 +31,17 @@ def wrap(model: torch.nn.Module, rank: int, alpha: float, dropout: float,
          targets: list[str]) -> torch.nn.Module:
     """`model` as a peft model: only the adapters require grad. B starts at zero (peft's
     default), so the wrapped model computes exactly what `model` did."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
-                                            target_modules=targets, bias="none"))
+    with warnings.catch_warnings():  # a tied lm_head target: peft warns that merging it into
+        # the shared weight would change the embedding; Tether never does (models/tied.py), and
+        # does not want `ensure_weight_tying` (it would adapt the embedding with the same A, B)
+        warnings.filterwarnings("ignore", message=".*tied_target_modules.*")
+        warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
+        return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
+                                                target_modules=targets, bias="none"))
 
 
 def hf_name(peft_name: str) -> str:
@@ -54,14 +65,16 @@ def is_adapter(name: str) -> bool:
 def merge(base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor],
           scale: float) -> dict[str, torch.Tensor]:
     """`base` with every adapted weight replaced by W + scale * B @ A (float32); the other
-    tensors are `base`'s own (not copied). Raises ValueError on an adapter whose layer is not in
-    `base`, or whose A or B is missing or mis-shaped."""
+    tensors are `base`'s own (not copied). An adapter on a tied head (a base without
+    `lm_head.weight`) yields an untied one, `lm_head.weight` = E + scale * B @ A, and
+    `model.embed_tokens.weight` stays E (models/tied.py). Raises ValueError on an adapter whose
+    layer is not in `base`, or whose A or B is missing or mis-shaped."""
     out = dict(base)
     for module, (a, b) in _pairs(adapter):
         key = f"{module}.weight"
-        if key not in base:
+        w = base.get(key, base.get(EMBED) if key == HEAD else None)  # a tied head is E
+        if w is None:
             raise ValueError(f"adapter for {module}: the base has no {key}")
-        w = base[key]
         if a.shape[1] != w.shape[1] or b.shape[0] != w.shape[0] or a.shape[0] != b.shape[1]:
             raise ValueError(f"adapter for {module}: A {tuple(a.shape)}, B {tuple(b.shape)} do "
                              f"not fit {key} {tuple(w.shape)}")

@@ -4,6 +4,12 @@ With `tie_word_embeddings` the output head *is* the input embedding, so Tether p
 checkpoints and exports it once, as `model.embed_tokens.weight`, and never as
 `lm_head.weight`. Whoever loads such a state dict ties the head back (`load_state`), and an
 engine that keeps its own copy of the head (vLLM's CPU backend) gets it filled in (`with_head`).
+
+A LoRA adapter on the head (`learner.lora.targets` with `lm_head`) unties them: the adapted head
+is E + s B A while the embedding stays E. The learner's peft model keeps the base tied (the
+adapter only adds to the head's output, and the frozen E gets no update); a merged state dict
+carries its own `lm_head.weight` (models/lora.py `merge`), and a tied model that loads one is
+untied first (`untie`), as is an exported merged model (`tie_word_embeddings: false`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,24 @@ def load_state(model, state: dict, what: str) -> None:
         raise ValueError(f"{what} does not match the model: missing {missing}, "
                          f"unexpected {unexpected}")
     model.tie_weights()
+
+
+def untie(model) -> None:
+    """Give a tied HF model its own head: a copy of the embedding, `tie_word_embeddings` off
+    (so neither `tie_weights` nor a save ties them again). Nothing happens when untied. The
+    model may be a peft model's base (the head is then a LoRA layer: its `base_layer` is
+    untied, and a merge goes into that copy)."""
+    import torch
+
+    if not model.config.tie_word_embeddings:
+        return
+    head = model.get_output_embeddings()
+    head = getattr(head, "base_layer", head)
+    head.weight = torch.nn.Parameter(head.weight.detach().clone(),
+                                     requires_grad=head.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    if hasattr(model.config, "get_text_config"):
+        model.config.get_text_config().tie_word_embeddings = False
 
 
 def with_head(state: dict) -> dict:

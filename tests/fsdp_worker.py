@@ -43,8 +43,10 @@ ALGO_OVERRIDES = ["learner.advantage=gae", "learner.lam=0.9", "learner.kl_coef=0
                   "learner.entropy_coef=0.01"]
 """The N-step run with a critic (GAE) and the reference KL in the loss (docs/algorithms.md)."""
 LORA_OVERRIDES = ["learner.lora.rank=4", "learner.lora.alpha=8",
-                  "learner.kl_coef=0.1"]
-"""The N-step LoRA run (docs/lora.md): adapters only, the reference is the adapter-free base."""
+                  "learner.lora.targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,"
+                  "lm_head", "learner.kl_coef=0.1"]
+"""The N-step LoRA run (docs/lora.md): adapters only (the tied head's too), the reference is
+the adapter-free base."""
 
 
 def config(model_dir: Path, *overrides: str):
