@@ -34,11 +34,14 @@ NUMPY_DTYPES = {name: np.dtype(name) for name in ALLOWED_DTYPES if name != "bflo
 
 
 class Array(msgspec.Struct, frozen=True, gc=False):
-    """A dense array as raw little-endian bytes + dtype + shape (never a list of numbers)."""
+    """A dense array as raw little-endian bytes + dtype + shape (never a list of numbers).
+
+    Decoding does not copy the bytes: `data` is a read-only memoryview into the received
+    message, which it keeps alive (`bytes` where the array was built here, `from_numpy`)."""
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: memoryview
 
     @classmethod
     def from_numpy(cls, a: np.ndarray) -> "Array":
