@@ -5,7 +5,10 @@
 
 Sections:
   transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
-             real I/O thread) vs raw pyzmq PUSH/PULL of the same bytes.
+             real I/O thread) vs raw pyzmq PUSH/PULL of the same bytes (a receiver that only
+             counts frames), at 8, 1024 and 16384 tokens per sample. The sender is a separate
+             process, as actors are; a second row per size repeats the earlier method (the
+             sender a thread of the receiving process, sharing its GIL) in the same run.
   weights    one weight version served by the learner's weights socket to 1, 4, 8 receivers vs
              raw pyzmq ROUTER->DEALER of the same buckets; time to apply in the HF engine.
   lora       bytes and time (pack + serve) per published version on SmolLM2-135M to 1, 4, 8
@@ -80,7 +83,7 @@ def _server(num_groups: int, model_dir: Path, **transport):
 
     overrides = [f"transport.{k}={v}" for k, v in transport.items()]
     cfg = load_config(PRESET, [f"buffer.capacity_groups={max(num_groups, 16)}",
-                               "task.max_new_tokens=4096", "actors.max_total_tokens=4096",
+                               "task.max_new_tokens=16384", "actors.max_total_tokens=16384",
                                *overrides])
     leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
     leases.grant("bench", "", num_groups, version=0)
@@ -93,22 +96,79 @@ def _server(num_groups: int, model_dir: Path, **transport):
     return server, buf
 
 
+def _send_frames(endpoint: str, tokens: int, num: int, ready, go) -> None:
+    """A separate sender process (as real actors are): encodes its groups first, then sends
+    them all on `go`, and waits until ZeroMQ has handed every frame over."""
+    frames = [_group(i, 8, tokens) for i in range(num)]
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 1000)
+    push.connect(endpoint)
+    ready.set()
+    go.wait()
+    for f in frames:
+        push.send(f, copy=False)
+    push.close(linger=-1)
+    ctx.term()
+
+
+def _timed_from_process(endpoint: str, tokens: int, num: int, receive) -> float:
+    """Seconds from the sender process's start signal until `receive()` returns."""
+    import multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    ready, go = spawn.Event(), spawn.Event()
+    sender = spawn.Process(target=_send_frames, args=(endpoint, tokens, num, ready, go))
+    sender.start()
+    if not ready.wait(600):
+        raise RuntimeError("bench sender did not start")
+    t0 = time.perf_counter()
+    go.set()
+    receive()
+    seconds = time.perf_counter() - t0
+    sender.join(60)
+    return seconds
+
+
+def _wait_received(server, buf, num: int) -> None:
+    while buf.counts()["received"] < num:
+        assert not server.rejected, server.rejected
+        time.sleep(0.001)  # measurement probe: the learner fills the buffer on its own thread
+
+
 def bench_transport(model_dir: Path, tokens: int, num: int) -> dict:
+    """Both ways, in the same run: the sender a separate process (as actors are), and (the
+    earlier method) the sender a thread of the receiving process, sharing its GIL."""
+    ctx = zmq.Context()
+    # sender process -> the learner's I/O thread
+    server, buf = _server(num, model_dir, high_water_mark=1000)
+    server.start()
+    ours = _timed_from_process(server.endpoints["trajectory"], tokens, num,
+                               lambda: _wait_received(server, buf, num))
+    server.stop("bench done")
+    assert server.rejected == {}, server.rejected
+    del server, buf
+    # sender process -> raw PULL in this process, which only counts frames
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    raw = _timed_from_process(f"tcp://127.0.0.1:{port}", tokens, num,
+                              lambda: [pull.recv(copy=False) for _ in range(num)] and None)
+    pull.close(linger=0)
+    # the earlier method: the sender is this process's main thread
     frames = [_group(i, 8, tokens) for i in range(num)]
     nbytes = sum(len(f) for f in frames)
     server, buf = _server(num, model_dir, high_water_mark=1000)
     server.start()
-    ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.connect(server.endpoints["trajectory"])
     t0 = time.perf_counter()
     for f in frames:
         push.send(f, copy=False)
-    while buf.counts()["received"] < num:
-        time.sleep(0.001)  # measurement probe: the learner fills the buffer on its own thread
-    ours = time.perf_counter() - t0
+    _wait_received(server, buf, num)
+    ours_thread = time.perf_counter() - t0
     server.stop("bench done")
-    # raw: same bytes through PUSH/PULL, receiver only counts
+    assert server.rejected == {}, server.rejected
+    del server, buf
     pull = ctx.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     raw_push = ctx.socket(zmq.PUSH)
@@ -126,16 +186,18 @@ def bench_transport(model_dir: Path, tokens: int, num: int) -> dict:
     for f in frames:
         raw_push.send(f, copy=False)
     done.wait()
-    raw = time.perf_counter() - t0
+    raw_thread = time.perf_counter() - t0
     th.join()
     for s in (push, pull, raw_push):
         s.close(linger=0)
     ctx.term()
-    assert server.rejected == {}, server.rejected
     return {"tokens_per_sample": tokens, "groups": num, "MB": nbytes / 1e6,
             "tether_groups_per_s": num / ours, "tether_MB_per_s": nbytes / ours / 1e6,
             "raw_groups_per_s": num / raw, "raw_MB_per_s": nbytes / raw / 1e6,
-            "ratio_vs_raw": raw / ours}
+            "ratio_vs_raw": raw / ours,
+            "sender_thread": {"tether_groups_per_s": num / ours_thread,
+                              "raw_groups_per_s": num / raw_thread,
+                              "ratio_vs_raw": raw_thread / ours_thread}}
 
 
 # ---------------------------------------------------------------- weights
@@ -487,7 +549,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "transport" in ns.only:
-            res["transport"] = [bench_transport(model_dir, t, n) for t, n in ((8, 20000), (1024, 2000))]
+            res["transport"] = [bench_transport(model_dir, t, n)
+                                for t, n in ((8, 20000), (1024, 2000), (16384, 100))]
         if "weights" in ns.only:
             res["weights"] = bench_weights(model_dir, [1, 4, 8], megabytes=128)
             res["weights"]["apply"] = bench_apply(model_dir)
@@ -518,6 +581,10 @@ def render(res: dict) -> str:
                     f"{t['tether_groups_per_s']:.0f} groups/s, {t['tether_MB_per_s']:.0f} MB/s | "
                     f"raw PUSH/PULL {t['raw_groups_per_s']:.0f} groups/s, {t['raw_MB_per_s']:.0f} MB/s | "
                     f"{t['ratio_vs_raw']:.2f} |")
+        th = t["sender_thread"]
+        rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample, sender a thread of the "
+                    f"receiving process | {th['tether_groups_per_s']:.0f} groups/s | raw "
+                    f"{th['raw_groups_per_s']:.0f} groups/s | {th['ratio_vs_raw']:.2f} |")
     if "weights" in res:
         w = res["weights"]
         for k, v in w["by_receivers"].items():
