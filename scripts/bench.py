@@ -21,6 +21,14 @@ Sections:
              VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
   e2e_vllm   the same with vLLM actors (update_mode keep).
+  peer       TRL's synchronous GRPOTrainer (scripts/bench_peer.py, in the bench-only venv
+             .venv-bench made by scripts/env_bench.sh) vs Tether's toy preset on the same model,
+             task and hyper-parameters, seeds 0-2 one after the other: steps/s and seconds to a
+             sampled reward of 0.8 (20-step mean). Skipped, with a note, without that venv.
+  real       (not in the default set: 2 x --real-minutes of wall time, 80 min by default) the
+             SmolLM2-135M preset configs/smollm2_add_40min.yaml at max_staleness 1 vs 0 with
+             the same training time: steps/s, held-out reward at the end and the learner's idle
+             fraction from the step timeline (metrics.jsonl).
   sglang     scripts/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
              scripts/env_sglang.sh; SGLang pins another torch), its rows merged here: SGLang
              tokens/s through our SGLangEngine vs bare Engine.async_generate, apply-weights time.
@@ -514,6 +522,87 @@ def bench_vllm(model_dir: Path, batches: int) -> dict:
     return out
 
 
+def _to_reward(rows: list[dict], target: float) -> float | None:
+    """Seconds from the end of the first step to the first step whose 20-step mean sampled
+    reward reaches `target` (training time: each system's start-up is left out)."""
+    smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
+    hit = next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
+    return None if hit is None else rows[hit]["time_s"] - rows[0]["time_s"]
+
+
+def _steps_per_s(rows: list[dict], skip: int = 5) -> float:
+    rows = rows[skip:]
+    return (len(rows) - 1) / (rows[-1]["time_s"] - rows[0]["time_s"])
+
+
+def bench_peer(work: Path, model_dir: Path, steps: int, seeds: list[int], target: float) -> dict | None:
+    """TRL GRPOTrainer (one process, synchronous) vs Tether's toy preset (learner + 2 HF actors,
+    max_staleness 1), one run after the other per seed; None, with a note, without .venv-bench.
+    `first_step_s` is each clock's first row: Tether's counts from the actors' spawn, TRL's from
+    `train()`; time to reward is counted from there."""
+    python = ROOT / ".venv-bench" / "bin" / "python"
+    if not python.exists():
+        print("[bench] peer: skipped, no .venv-bench (bash scripts/env_bench.sh makes it)")
+        return None
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out: dict = {"steps": steps, "target_train_reward_20step_avg": target, "seeds": {}}
+    for seed in seeds:
+        r = _learner_run(work / f"peer_tether_s{seed}", model_dir,
+                         [f"learner.max_steps={steps}", f"learner.seed={seed}"], 1800)
+        trl_json = work / f"peer_trl_s{seed}.json"
+        subprocess.run([str(python), str(ROOT / "scripts" / "bench_peer.py"), "--model",
+                        str(model_dir), "--steps", str(steps), "--seed", str(seed), "--out",
+                        str(trl_json)], check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        trl = json.loads(trl_json.read_text())
+        out["trl_version"] = trl["trl"]
+        out["seeds"][seed] = {
+            "tether": {"steps_per_s": _steps_per_s(r["rows"]),
+                       "seconds_to_reward": _to_reward(r["rows"], target),
+                       "first_step_s": r["rows"][0]["time_s"],
+                       "reward_last20": float(np.mean([x["reward_mean"] for x in r["rows"][-20:]]))},
+            "trl": {"steps_per_s": _steps_per_s(trl["rows"]),
+                    "seconds_to_reward": _to_reward(trl["rows"], target),
+                    "first_step_s": trl["rows"][0]["time_s"],
+                    "reward_last20": float(np.mean([x["reward_mean"] for x in trl["rows"][-20:]]))}}
+    cells = out["seeds"].values()
+    out["steps_per_s_ratio"] = float(np.mean([c["tether"]["steps_per_s"] / c["trl"]["steps_per_s"]
+                                              for c in cells]))
+    both = [c for c in cells if c["tether"]["seconds_to_reward"] and c["trl"]["seconds_to_reward"]]
+    out["time_to_reward_ratio"] = (float(np.mean([c["tether"]["seconds_to_reward"]
+                                                  / c["trl"]["seconds_to_reward"] for c in both]))
+                                   if both else None)
+    return out
+
+
+def bench_real(work: Path, minutes: float) -> dict:
+    """The SmolLM2 preset (one vLLM actor process, learner on the other core) at eta 1 vs eta 0,
+    each trained for `minutes` of wall time."""
+    from models.fetch import fetch
+
+    preset = ROOT / "configs" / "smollm2_add_40min.yaml"
+    model = fetch("smollm2-135m-instruct")
+    out: dict = {"preset": preset.name, "train_minutes": minutes}
+    for eta in (1, 0):
+        run_dir = work / f"real_eta{eta}"
+        cmd = [sys.executable, "-m", "learner", "-c", str(preset), f"run_dir={run_dir}",
+               f"model.path={model}", f"max_staleness={eta}",
+               f"learner.max_train_minutes={minutes}"]
+        subprocess.run(cmd, cwd=ROOT, check=True, timeout=minutes * 60 + 1800,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        idle = [x["idle_ratio"] for x in rows if "idle_ratio" in x]
+        if not rows:
+            raise RuntimeError(f"the eta {eta} run finished no step in {minutes} min ({run_dir})")
+        # steps per second of the run's training clock (from the actors' spawn to the last step)
+        out[f"eta{eta}"] = {"steps": len(rows), "steps_per_s": len(rows) / rows[-1]["time_s"],
+                            "eval_reward_start": summary["eval_reward_start"],
+                            "eval_reward_end": summary["eval_reward_end"],
+                            "learner_idle_mean": float(np.mean(idle)) if idle else None}
+    out["steps_per_s_ratio_eta1_vs_eta0"] = out["eta1"]["steps_per_s"] / out["eta0"]["steps_per_s"]
+    return out
+
+
 def bench_sglang(out: Path) -> dict | None:
     """scripts/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
     python = ROOT / ".venv-sglang" / "bin" / "python"
@@ -533,7 +622,10 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--only", nargs="*",
                    default=["transport", "weights", "lora", "pipeline", "rollout", "vllm", "sglang",
-                            "e2e", "e2e_vllm"])
+                            "e2e", "e2e_vllm", "peer"])
+    p.add_argument("--real-minutes", type=float, default=30.0,
+                   help="training minutes per run of the `real` section (each run adds start-up, "
+                        "two held-out evaluations and the export, ~10 min)")
     ns = p.parse_args()
     import torch
 
@@ -568,6 +660,11 @@ def main() -> None:
             res["e2e"] = bench_e2e(work, model_dir, steps=400, target=0.8, engine="hf")
         if "e2e_vllm" in ns.only:
             res["e2e_vllm"] = bench_e2e(work, model_dir, steps=400, target=0.8, engine="vllm")
+        if "real" in ns.only:
+            res["real"] = bench_real(work, ns.real_minutes)
+        if "peer" in ns.only and (row := bench_peer(work, model_dir, steps=300, seeds=[0, 1, 2],
+                                                      target=0.8)) is not None:
+            res["peer"] = row
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     table = render(res)
     (out / "bench.md").write_text(table)
@@ -639,6 +736,28 @@ def render(res: dict) -> str:
                     f"reward {e['target_train_reward_20step_avg']} in {fmt(e['eta2']['seconds_to_reward'])} | "
                     f"{e['eta0']['samples_per_s']:.0f} samples/s, in {fmt(e['eta0']['seconds_to_reward'])} | "
                     f"{e['samples_per_s_ratio_eta2_vs_eta0']:.2f} |")
+    if "real" in res:
+        r = res["real"]
+        idle = lambda c: "" if c["learner_idle_mean"] is None else f", learner idle {c['learner_idle_mean']:.1%}"  # noqa: E731
+        rows.append(f"| SmolLM2-135M preset, {r['train_minutes']:g} min of training, eta 1 vs eta 0 | "
+                    f"{r['eta1']['steps']} steps, {r['eta1']['steps_per_s'] * 60:.2f} steps/min, held-out "
+                    f"{r['eta1']['eval_reward_start']:.3f} -> {r['eta1']['eval_reward_end']:.3f}{idle(r['eta1'])} | "
+                    f"{r['eta0']['steps']} steps, {r['eta0']['steps_per_s'] * 60:.2f} steps/min, held-out "
+                    f"{r['eta0']['eval_reward_start']:.3f} -> {r['eta0']['eval_reward_end']:.3f}{idle(r['eta0'])} | "
+                    f"{r['steps_per_s_ratio_eta1_vs_eta0']:.2f} (aim >= 1.5) |")
+    if "peer" in res:
+        pe = res["peer"]
+        fmt = lambda x: "never" if x is None else f"{x:.0f} s"  # noqa: E731
+        for seed, c in pe["seeds"].items():
+            rows.append(f"| toy task vs TRL {pe['trl_version']} GRPOTrainer, seed {seed} | "
+                        f"{c['tether']['steps_per_s']:.1f} steps/s, reward {pe['target_train_reward_20step_avg']} in "
+                        f"{fmt(c['tether']['seconds_to_reward'])} | {c['trl']['steps_per_s']:.1f} "
+                        f"steps/s, in {fmt(c['trl']['seconds_to_reward'])} | "
+                        f"{c['tether']['steps_per_s'] / c['trl']['steps_per_s']:.2f} |")
+        ttr = pe["time_to_reward_ratio"]
+        rows.append(f"| toy task vs TRL, mean of seeds | steps/s ratio {pe['steps_per_s_ratio']:.2f} "
+                    f"(aim >= 1.4) | time to 0.8 ratio "
+                    f"{'n/a' if ttr is None else f'{ttr:.2f}'} (aim <= 0.7) | |")
     mach = res["machine"]
     return (f"Machine: {mach['cpus']} CPUs, {mach['platform']}, torch {mach['torch']}, "
             f"libzmq {mach['libzmq']}\n\n" + "\n".join(rows) + "\n")
