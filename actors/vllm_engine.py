@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import os
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -78,7 +79,10 @@ class VLLMEngine:
         self._open.set()
         self._tied = False
         """True once vLLM's processes watch this one (the first load)."""
-        self.adapter_dir = Path(model_dir) / "adapters"
+        self.adapter_dir = Path(tempfile.mkdtemp(prefix="adapters-", dir=model_dir)) \
+            if lora_rank else None
+        """LoRA runs: where this engine writes its adapters (the actors of one node share
+        model_dir, and every engine numbers its adapters from 1)."""
         self._adapter = None
         """LoRA runs: the current version's vLLM LoRARequest (None before the first)."""
         self._loras: dict[int, object] = {}
@@ -228,6 +232,8 @@ class VLLMEngine:
         """Stop vLLM's processes. (If this process is killed instead, they stop by themselves:
         the worker watches this pid, see actors/vllm_worker.py.)"""
         self.llm.shutdown()
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
         del self.llm  # let vLLM's finaliser run now, not during interpreter teardown
 
 

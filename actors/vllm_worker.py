@@ -13,6 +13,25 @@ import os
 import msgspec
 
 
+def declare_qwen2_head_lora() -> None:
+    """Let vLLM adapt a Qwen2 model's `lm_head` (learner.lora.targets with lm_head).
+
+    vLLM finds the modules a model can adapt in its class's `embedding_modules`;
+    LlamaForCausalLM lists `lm_head` there, Qwen2ForCausalLM (vLLM 0.32) does not, so vLLM
+    refuses a Qwen2 adapter on the head ("expected target modules in ..."). Declaring it hands
+    the head to vLLM's own LogitsProcessorWithLoRA, which adds s (h A^T) B^T to the logits; a
+    tied head keeps sharing the embedding's weight, which the adapter never touches. Runs in
+    vLLM's worker process when it imports this extension, before the model is built."""
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+
+    if "lm_head" not in Qwen2ForCausalLM.embedding_modules:
+        Qwen2ForCausalLM.embedding_modules = {**Qwen2ForCausalLM.embedding_modules,
+                                              "lm_head": "output_embeddings"}
+
+
+declare_qwen2_head_lora()
+
+
 class TetherWorkerExtension:
     def tether_die_with(self, pid: int) -> None:
         """End this worker and its EngineCore parent when process `pid` (the actor) ends,

@@ -103,6 +103,29 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
     assert engine.loaded_adapters() == {engine._adapter}
 
 
+def test_adapter_on_the_tied_head_matches_learner(tiny_model_dir):
+    """An adapter on `lm_head` of the tied tiny model (with the seven projections: SGLang
+    packs q, k, v and gate, up, so it wants all of them), in an engine started with those
+    targets: SGLang gives the head a LoRA layer of its own that shares the embedding's weight,
+    so its logprobs are the learner's."""
+    from actors.sglang_engine import SGLangEngine
+
+    lora = LoraConfig(rank=4, alpha=8, targets=f"{LORA.targets},lm_head")
+    backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=lora)
+    ps = refs.prompts(tiny_model_dir, 16)
+    with refs.started_engine(lambda: SGLangEngine(tiny_model_dir, "keep", 0, 8192, 0.0,
+                                                  lora_rank=4,
+                                                  lora_targets=lora.target_list())) as engine:
+        refs.load_lora_base(engine, backend)
+        for version in (0, 1):
+            refs.train_adapter(backend, tiny_model_dir, 5)
+            engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
+            outs = refs.generate(engine, ps, 5, 1.0)
+            worst = _gaps(backend, ps, outs, 1.0)
+            print(f"SGLang LoRA with lm_head v{version}: max |engine - learner| = {worst:.2e}")
+            assert worst < 1e-3
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_lora_run_with_an_sglang_actor(tmp_path, tiny_model_dir):

@@ -47,18 +47,21 @@ def test_eta0_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, corr
     assert moved == len(synchronous)  # training really changed every tensor
 
 
-@pytest.mark.parametrize("weights_via", ["zmq", "filesystem"])
-def test_eta0_lora_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, weights_via):
+@pytest.mark.parametrize("weights_via,targets", [
+    ("zmq", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
+    ("filesystem", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head")])
+def test_eta0_lora_distributed_equals_synchronous_loop(tmp_path, tiny_model_dir, weights_via,
+                                                       targets):
     """LoRA: actors get the base once and an adapter per version (merged by the HF engine),
     over ZeroMQ or as files on shared storage; the trained adapter is bitwise the synchronous
-    loop's, and the base never moved."""
+    loop's, and the base never moved. The file case also adapts the tied head (lm_head)."""
     from models.lora import hf_name
 
     run = tmp_path / "run"
     overrides = [f"transport.weights_via={weights_via}", "max_staleness=0", "learner.correction=decoupled", "learner.prompts_per_step=8",
                  f"learner.max_steps={STEPS}", "actors.groups_per_request=3",
                  "learner.lora.rank=4", "learner.lora.alpha=8", "learner.lr=3e-3",
-                 "learner.kl_coef=0.05"]
+                 "learner.kl_coef=0.05", f"learner.lora.targets={targets}"]
     lp = procs.learner(run, tiny_model_dir, *overrides)
     assert lp.finish(timeout=300) == 0, lp.tail()
     assert procs.summary(run)["steps"] == STEPS
