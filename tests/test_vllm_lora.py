@@ -107,19 +107,42 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
         engine._adapter.lora_path.rsplit("/", 1)[1]]  # the old adapter's directory is gone
 
 
+def test_adapter_on_the_tied_head_matches_learner(engine, tiny_model_dir):
+    """An adapter on `lm_head` of the tied tiny model (with two projections): vLLM's logits
+    get the head's adapter (actors/vllm_worker.py declares the head adaptable for Qwen2) and
+    the embedding stays E, so its logprobs are the learner's."""
+    lora = LoraConfig(rank=4, alpha=8, targets="q_proj,down_proj,lm_head")
+    backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=lora)
+    assert "lm_head.lora_B.weight" in backend.adapter_state()
+    ps = refs.prompts(tiny_model_dir, 16)
+    for version in (20, 21):
+        refs.train_adapter(backend, tiny_model_dir, 5)
+        engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
+        outs = refs.generate(engine, ps, 5, 1.0)
+        assert all((c.versions == version).all() for c in outs)
+        worst = _worst_gap(backend, ps, outs, 1.0)
+        print(f"vLLM LoRA with lm_head v{version}: max |engine - learner| = {worst:.2e}")
+        assert worst < 1e-3
+
+
 @pytest.mark.slow
-def test_lora_run_with_a_vllm_actor(tmp_path, tiny_model_dir):
-    """The whole path: learner (LoRA) + one vLLM actor process; the actor loads the base once
-    and then only adapters, the run finishes with its accounting balanced."""
+@pytest.mark.timeout(1800)
+def test_lora_preset_learns_the_toy_task_with_two_vllm_actors(tmp_path, tiny_model_dir):
+    """The whole path and the learning bar: configs/toy_reverse_lora_vllm.yaml (rank-8
+    adapters on the seven projections and the tied head, 500 steps, 2 vLLM actor processes)
+    reaches a held-out reward >= 0.8; each actor loads the base once and then only adapters,
+    and the run finishes with its accounting balanced."""
     import procs
 
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.num_local=1",
-                       "actors.vllm_kv_cache_gb=0.25", "learner.max_steps=20",
-                       "learner.checkpoint_every=0", "learner.lora.rank=8",
-                       "learner.lora.alpha=16", "learner.lr=3e-3")
-    s = procs.finish_clean(lp, run, steps=20, timeout=900)
-    print("vLLM LoRA run: held-out", s["eval_reward_start"], "->", s["eval_reward_end"])
-    (log,) = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
-    assert log.count("loaded the base weights") == 1
-    assert log.count("(adapter, ") >= 5 and "(full, " not in log
+    lp = procs.learner(run, tiny_model_dir, "learner.checkpoint_every=0",
+                       preset=procs.ROOT / "configs" / "toy_reverse_lora_vllm.yaml")
+    s = procs.finish_clean(lp, run, steps=500, timeout=1700)
+    print("LoRA preset, 2 vLLM actors: held-out", s["eval_reward_start"], "->",
+          s["eval_reward_end"], f"in {s['wall_seconds']:.0f} s")
+    logs = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
+    assert len(logs) == 2
+    for log in logs:
+        assert log.count("loaded the base weights") == 1
+        assert log.count("(adapter, ") >= 5 and "(full, " not in log
+    assert s["eval_reward_end"] >= 0.8
