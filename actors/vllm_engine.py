@@ -35,6 +35,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +43,7 @@ import msgspec
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
+from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN
 
 UPDATE_MODES = ("wait", "keep", "abort")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -77,8 +79,6 @@ class VLLMEngine:
         self._open = asyncio.Event()
         """Set while requests may be submitted (cleared during a weight update)."""
         self._open.set()
-        self._tied = False
-        """True once vLLM's processes watch this one (the first load)."""
         self.adapter_dir = Path(tempfile.mkdtemp(prefix="adapters-", dir=model_dir)) \
             if lora_rank else None
         """LoRA runs: where this engine writes its adapters (the actors of one node share
@@ -93,6 +93,11 @@ class VLLMEngine:
         lora = {} if not lora_rank else {
             "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
             "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
+        plugins = {e.name for e in entry_points(group="vllm.general_plugins")}
+        if VLLM_PLUGIN not in plugins:  # without it vLLM's processes outlive a killed actor
+            raise RuntimeError(f"vLLM plugin {VLLM_PLUGIN!r} not found: install Tether "
+                               f"(pip install -e .) so vLLM's processes end with this actor")
+        os.environ[VLLM_ACTOR_PID] = str(os.getpid())  # read by that plugin in vLLM's processes
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
             enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
@@ -161,7 +166,6 @@ class VLLMEngine:
         args = (raw, [bytes(b) for b in buckets])
         if manifest.kind == "base":  # once per learner run; running requests finish first
             async with self._updating:
-                await self._tie()
                 self._open.clear()
                 await self.llm.pause_generation(mode="wait", clear_cache=False)
                 await self.llm.collective_rpc("tether_load_packed", args=args)
@@ -185,7 +189,6 @@ class VLLMEngine:
                                 spec.alpha, spec.targets)
         request = LoRARequest(lora_name=f"a{lora_id}", lora_int_id=lora_id, lora_path=str(path))
         async with self._updating:
-            await self._tie()
             await self.llm.add_lora(request)
             self._loras[lora_id] = request
             self._adapter = request
@@ -207,19 +210,12 @@ class VLLMEngine:
             await self.llm.remove_lora(request.lora_int_id)
             shutil.rmtree(request.lora_path)
 
-    async def _tie(self) -> None:
-        """On the first load: tie vLLM's processes to this one's lifetime."""
-        if not self._tied:
-            await self.llm.collective_rpc("tether_die_with", args=(os.getpid(),))
-            self._tied = True
-
     async def load_file(self, path: str, version: int) -> None:
         await self._update(version, "tether_load_file", (path,))
 
     async def _update(self, version: int, method: str, args: tuple) -> None:
         async with self._updating:
             self._open.clear()
-            await self._tie()
             await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
             await self.llm.collective_rpc(method, args=args)
             await self.llm.reset_prefix_cache(reset_running_requests=True)

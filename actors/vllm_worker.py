@@ -8,7 +8,6 @@ as GPU (`model.load_weights` breaks on CPU, where oneDNN has pre-packed the line
 
 from __future__ import annotations
 
-import os
 
 import msgspec
 
@@ -33,13 +32,6 @@ declare_qwen2_head_lora()
 
 
 class TetherWorkerExtension:
-    def tether_die_with(self, pid: int) -> None:
-        """End this worker and its EngineCore parent when process `pid` (the actor) ends,
-        however it ends: vLLM's own processes outlive a SIGKILLed actor otherwise."""
-        from actors.lifeline import die_with
-
-        die_with(pid, also=(os.getppid(),))
-
     def tether_load_packed(self, manifest_raw: bytes, buckets: list[bytes]) -> int:
         from transport.messages import WeightManifest
         from transport.weights import unpack

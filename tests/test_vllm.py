@@ -56,7 +56,7 @@ def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_dir):
     """vLLM's EngineCore and worker are children of the actor; a SIGKILLed actor cannot shut
-    them down, so the worker watches the actor's pid and takes both down with it."""
+    them down, so each watches the actor's pid (actors/lifeline.py, a vLLM plugin) and ends with it."""
     import signal
 
     import procs
@@ -78,6 +78,40 @@ def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_di
         ap.kill()
         lp.p.send_signal(signal.SIGTERM)
         assert lp.finish(timeout=120) == 0, lp.tail()
+
+
+def test_vllm_processes_are_tied_to_the_actor_from_their_start():
+    """vLLM runs Tether's general plugin in each of its processes as they start (EngineCore
+    before its workers, workers before the model loads), so an actor killed while its engine is
+    still starting leaves nothing behind (a tie made at the first weight load left EngineCore
+    and its worker running for good, 2.4 GB, when a run ended during an actor's start-up). Here:
+    the plugin vLLM finds is ours, and a process that ran it ends when the actor's pid ends."""
+    import os
+    import subprocess
+    import sys
+
+    from vllm.plugins import load_plugins_by_group
+
+    import procs
+    from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN, vllm_die_with_actor
+
+    assert load_plugins_by_group("vllm.general_plugins")[VLLM_PLUGIN] is vllm_die_with_actor
+    actor = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    engine = subprocess.Popen(
+        [sys.executable, "-c", "from actors.lifeline import vllm_die_with_actor as f; f(); "
+         "print('armed', flush=True); import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=procs.ROOT,
+        env={**os.environ, VLLM_ACTOR_PID: str(actor.pid)})
+    try:
+        assert engine.stdout.readline() == b"armed\n"
+        assert engine.poll() is None  # the actor lives: so does the engine process
+        actor.kill()
+        actor.wait()
+        assert engine.wait(timeout=30) == 1
+    finally:
+        actor.kill()
+        engine.kill()
 
 
 @pytest.mark.slow
