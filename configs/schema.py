@@ -392,11 +392,11 @@ BUILTIN_TASKS: dict[str, str] = {
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
     "environment": "actors.environment:make_task",
+    "verifiers": "actors.verifiers_agent:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
 
-    "verifiers": "actors.verifiers_agent:make_task",
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
@@ -439,16 +439,16 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "module:attribute when task.name is environment", cfg.task.environment)
     need(cfg.task.name != "environment" or A.agent == "environment", "actors.agent",
          "environment when task.name is environment (its rubric scores the rollouts)", A.agent)
-    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
-         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
-         "task.name is environment", A.environment)
-    need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
     need((A.agent == "verifiers") == (cfg.task.name == "verifiers"), "actors.agent",
          "verifiers exactly when task.name is verifiers (its taskset's tasks are what the agent "
          "plays)", A.agent)
     need(cfg.task.name != "verifiers" or bool(cfg.task.verifiers_env), "task.verifiers_env",
          "module:attribute or a verifiers environment id when task.name is verifiers",
          cfg.task.verifiers_env)
+    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
+         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
+         "task.name is environment", A.environment)
+    need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
          "set (a JSONL file) when task.name is gsm8k", cfg.task.data_path)
