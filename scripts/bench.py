@@ -393,8 +393,7 @@ def bench_e2e(work: Path, model_dir: Path, steps: int, target: float, engine: st
                          [f"max_staleness={eta}", f"learner.max_steps={steps}",
                           f"actors.engine={engine}", "actors.vllm_kv_cache_gb=0.25"], 1800)
         rows = r["rows"]
-        smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
-        hit = next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
+        hit = _reward_hit(rows, target)
         train_wall = rows[-1]["time_s"]
         out[f"eta{eta}"] = {
             "samples_per_s": r["summary"]["groups"]["consumed"] * 8 / train_wall,
@@ -522,11 +521,16 @@ def bench_vllm(model_dir: Path, batches: int) -> dict:
     return out
 
 
+def _reward_hit(rows: list[dict], target: float) -> int | None:
+    """Index of the first row whose 20-step mean sampled reward reaches `target`."""
+    smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
+    return next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
+
+
 def _to_reward(rows: list[dict], target: float) -> float | None:
     """Seconds from the end of the first step to the first step whose 20-step mean sampled
     reward reaches `target` (training time: each system's start-up is left out)."""
-    smooth = np.convolve([x["reward_mean"] for x in rows], np.ones(20) / 20, mode="valid")
-    hit = next((i + 19 for i, v in enumerate(smooth) if v >= target), None)
+    hit = _reward_hit(rows, target)
     return None if hit is None else rows[hit]["time_s"] - rows[0]["time_s"]
 
 
