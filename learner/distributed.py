@@ -269,8 +269,8 @@ def _receive(device: torch.device) -> tuple[Op, int, dict[str, np.ndarray]]:
     return op, version, arrays
 
 
-_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32,
-          np.dtype(np.uint8): torch.uint8}
+_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+          np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8}
 
 
 def _path_array(path: Path) -> dict[str, np.ndarray]:
