@@ -78,10 +78,10 @@ def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRES
     return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log", python=python)
 
 
-def actor(run_dir: Path, actor_id: str, *overrides: str) -> Proc:
+def actor(run_dir: Path, actor_id: str, *overrides: str, python: str = sys.executable) -> Proc:
     args = ["-m", "actors", "-c", str(run_dir / "config.yaml"), "--actor-id", actor_id,
             str(run_dir / "endpoints.json"), *overrides]
-    return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log")
+    return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log", python=python)
 
 
 def finish_clean(lp: Proc, run_dir: Path, steps: int, timeout: float) -> dict:

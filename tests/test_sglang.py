@@ -76,22 +76,41 @@ def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_toy_task_learns_with_two_sglang_actor_processes(tmp_path, tiny_model_dir):
-    """Two SGLang actor processes (spawned by the learner, update_mode keep) learn the toy task."""
+def test_two_sglang_actor_processes_and_a_vllm_actor_learn_the_toy_task(tmp_path, tiny_model_dir):
+    """One run covers two claims: two SGLang actor processes (spawned by the learner from
+    configs/toy_reverse_sglang.yaml, update_mode keep) learn the toy task, and a vLLM actor
+    from the main venv (torch 2.13.0, beside this venv's torch 2.14.1) joins the same learner
+    as a mixed fleet. Every actor keeps taking new versions and contributes groups."""
     import procs
 
+    main_python = procs.ROOT / ".venv" / "bin" / "python"
+    main_python = os.environ.get("TETHER_MAIN_PYTHON", str(main_python))
+    assert Path(main_python).exists(), f"the main venv's python {main_python} (./test.sh makes it)"
     run = tmp_path / "run"
     lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0",
                        preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
-    s = procs.finish_clean(lp, run, 300, timeout=1700)  # engine start-up alone took 13 min on a loaded box
-    print(f"held-out reward {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}, "
-          f"{s['wall_seconds']:.0f} s")
+    lp.wait_for("learner listening", timeout=300)
+    ap = procs.actor(run, "vllm-0", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+                     python=main_python)
+    try:
+        lp.wait_for(r"actor vllm-0 joined \(engine 'vllm'\)", timeout=300)
+        s = procs.finish_clean(lp, run, 300, timeout=1700)
+        assert ap.finish(timeout=120) == 0, ap.tail()
+    finally:
+        ap.kill()
+    print(f"2 SGLang + 1 vLLM actors: held-out reward {s['eval_reward_start']:.3f} -> "
+          f"{s['eval_reward_end']:.3f}, {s['wall_seconds']:.0f} s")
     assert s["eval_reward_end"] >= 0.8, s
-    logs = [p.read_text() for p in (run / "logs").glob("actor-*.log")]
-    assert len(logs) == 2, logs
-    for text in logs:  # both actors ran SGLang and kept taking new versions
+    sglang_logs = [p.read_text() for p in sorted((run / "logs").glob("actor-*.log"))]
+    assert len(sglang_logs) == 2, sglang_logs
+    vllm_log = "".join(ap.lines)
+    for text in sglang_logs:  # both SGLang actors ran SGLang and kept taking new versions
         assert "SGLangEngine" in text, text[-2000:]
         assert text.count("loaded weights v") >= 50, text[-3000:]
+    assert "vllm" in vllm_log.lower() and vllm_log.count("loaded weights v") >= 20, vllm_log[-2000:]
+    done = [int(re.search(r"done: (\d+) groups generated", text).group(1))
+            for text in (*sglang_logs, vllm_log)]
+    assert min(done) >= 20, done  # every actor, of both engines, really contributed
 
 
 @pytest.mark.slow
@@ -120,36 +139,3 @@ def test_sigkilled_sglang_actor_leaves_no_engine_processes(tmp_path, tiny_model_
         ap.kill()
         lp.p.send_signal(signal.SIGTERM)
         assert lp.finish(timeout=120) == 0, lp.tail()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_mixed_fleet_vllm_and_sglang_actors_learn(tmp_path, tiny_model_dir):
-    """One learner in the main venv (torch 2.13.0), one vLLM actor it spawns there, and one
-    SGLang actor from this venv (torch 2.14.1): both feed the same run, which learns."""
-    import procs
-
-    main_python = procs.ROOT / ".venv" / "bin" / "python"
-    main_python = os.environ.get("TETHER_MAIN_PYTHON", str(main_python))
-    assert Path(main_python).exists(), f"the main venv's python {main_python} (./test.sh makes it)"
-    run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "learner.max_steps=300", "learner.checkpoint_every=0",
-                       "actors.num_local=1", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
-                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml", python=main_python)
-    lp.wait_for("learner listening", timeout=300)
-    ap = procs.actor(run, "sglang-0", "actors.engine=sglang")
-    try:
-        lp.wait_for(r"actor sglang-0 joined \(engine 'sglang'\)", timeout=120)
-        s = procs.finish_clean(lp, run, 300, timeout=1700)
-        assert ap.finish(timeout=120) == 0, ap.tail()
-    finally:
-        ap.kill()
-    print(f"mixed fleet: held-out reward {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}")
-    assert s["eval_reward_end"] >= 0.8, s
-    vllm_log = (run / "logs" / "actor-0.log").read_text()
-    sglang_log = "".join(ap.lines)
-    assert "vllm" in vllm_log.lower() and vllm_log.count("loaded weights v") >= 20, vllm_log[-2000:]
-    assert "SGLangEngine" in sglang_log and sglang_log.count("loaded weights v") >= 20, sglang_log[-2000:]
-    done = {m: int(re.search(r"done: (\d+) groups generated", text).group(1))
-            for m, text in (("vllm", vllm_log), ("sglang", sglang_log))}
-    assert min(done.values()) >= 20, done  # both engines really contributed
