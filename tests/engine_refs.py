@@ -175,6 +175,38 @@ def publish_adapter(engine, backend, version):
     return engine.load_packed(packed.manifest, list(packed.buckets))
 
 
+def adapter_gap(backend, prompts, outs, temperature, versions=None) -> float:
+    """Largest |engine - learner| logprob gap of completions sampled under `backend`'s adapter
+    (over the tokens of `versions` only, if given)."""
+    worst = 0.0
+    for p, c in zip(prompts, outs):
+        ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
+        with torch.no_grad():
+            ref = backend.logprobs(ids, temperature)[0, len(p) - 1:].numpy()
+        sel = np.ones(len(c.token_ids), bool) if versions is None else np.isin(c.versions, versions)
+        if sel.any():
+            worst = max(worst, float(np.abs(ref[sel] - c.logprobs[sel]).max()))
+    return worst
+
+
+def check_tied_head_adapter(engine, model_dir, lora, name: str) -> None:
+    """Adapters with `lm_head` among `lora`'s targets (the tiny model's head is tied), versions
+    20 and 21: every token is labelled with its version and its logprob is the learner's."""
+    from learner.backend import SingleProcessBackend
+
+    backend = SingleProcessBackend(model_dir, 3e-2, 0.0, 0, lora=lora)
+    assert "lm_head.lora_B.weight" in backend.adapter_state()
+    ps = prompts(model_dir, 16)
+    for version in (20, 21):
+        train_adapter(backend, model_dir, 5)
+        engine.loop.run_until_complete(publish_adapter(engine, backend, version))
+        outs = generate(engine, ps, 5, 1.0)
+        assert all((c.versions == version).all() for c in outs)
+        worst = adapter_gap(backend, ps, outs, 1.0)
+        print(f"{name} LoRA with lm_head v{version}: max |engine - learner| = {worst:.2e}")
+        assert worst < 1e-3
+
+
 def train_adapter(backend, model_dir, steps: int) -> None:
     """`steps` optimizer steps of `backend` on a fixed loss (the logprob of a fixed batch)."""
     ids = torch.from_numpy(np.stack([np.concatenate([p, p[:3]])

@@ -11,7 +11,6 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/env_sglang.sh)")
 
-import torch  # noqa: E402
 
 import engine_refs as refs  # noqa: E402
 from configs.schema import LoraConfig  # noqa: E402
@@ -40,19 +39,6 @@ def engine(tiny_model_dir):
         yield eng
 
 
-def _gaps(backend, prompts, outs, temperature, versions=None):
-    """Largest |engine - learner| logprob gap (over the tokens of `versions` only, if given)."""
-    worst = 0.0
-    for p, c in zip(prompts, outs):
-        ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
-        with torch.no_grad():
-            ref = backend.logprobs(ids, temperature)[0, len(p) - 1:].numpy()
-        sel = np.ones(len(c.token_ids), bool) if versions is None else np.isin(c.versions, versions)
-        if sel.any():
-            worst = max(worst, float(np.abs(ref[sel] - c.logprobs[sel]).max()))
-    return worst
-
-
 def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir):
     backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA)
     ps = refs.prompts(tiny_model_dir, 16)
@@ -62,7 +48,7 @@ def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir
         engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
         outs = refs.generate(engine, ps, 5, 1.0)
         assert all((c.versions == version).all() for c in outs)
-        worst = _gaps(backend, ps, outs, 1.0)
+        worst = refs.adapter_gap(backend, ps, outs, 1.0)
         seen.append([c.token_ids.tolist() for c in outs])
         print(f"SGLang LoRA v{version}: max |engine - learner| = {worst:.2e}")
         assert worst < 1e-3
@@ -97,8 +83,8 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
     for c in first:
         assert set(c.versions.tolist()) <= {va, vb} and (np.diff(c.versions) >= 0).all()
     mixed = sum(len(set(c.versions.tolist())) > 1 for c in first)
-    worst = max(_gaps(old, ps, first, 1.0, [va]), _gaps(new, ps, first, 1.0, [vb]),
-                _gaps(new, ps, second, 1.0))
+    worst = max(refs.adapter_gap(old, ps, first, 1.0, [va]), refs.adapter_gap(new, ps, first, 1.0, [vb]),
+                refs.adapter_gap(new, ps, second, 1.0))
     print(f"SGLang in flight ({mode}): {mixed}/{len(ps)} samples span both versions, "
           f"max |engine - learner| = {worst:.2e}")
     assert worst < 1e-3
@@ -115,17 +101,7 @@ def test_adapter_on_the_tied_head_matches_learner(engine, tiny_model_dir):
     targets: SGLang gives the head a LoRA layer of its own that shares the embedding's weight,
     so its logprobs are the learner's."""
     engine.update_mode = "keep"
-    backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LORA_HEAD)
-    assert "lm_head.lora_B.weight" in backend.adapter_state()
-    ps = refs.prompts(tiny_model_dir, 16)
-    for version in (20, 21):
-        refs.train_adapter(backend, tiny_model_dir, 5)
-        engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
-        outs = refs.generate(engine, ps, 5, 1.0)
-        assert all((c.versions == version).all() for c in outs)
-        worst = _gaps(backend, ps, outs, 1.0)
-        print(f"SGLang LoRA with lm_head v{version}: max |engine - learner| = {worst:.2e}")
-        assert worst < 1e-3
+    refs.check_tied_head_adapter(engine, tiny_model_dir, LORA_HEAD, "SGLang")
 
 
 @pytest.mark.slow

@@ -33,16 +33,6 @@ def engine(tiny_model_dir, tmp_path_factory):
         yield eng
 
 
-def _worst_gap(backend, prompts, outs, temperature):
-    worst = 0.0
-    for p, c in zip(prompts, outs):
-        ids = torch.from_numpy(np.concatenate([p, c.token_ids]).astype(np.int64))[None]
-        with torch.no_grad():
-            ref = backend.logprobs(ids, temperature)[0, len(p) - 1:].numpy()
-        worst = max(worst, float(np.abs(ref - c.logprobs).max()))
-    return worst
-
-
 def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir):
     backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=LoraConfig(rank=4, alpha=8))
     ps = refs.prompts(tiny_model_dir, 16)
@@ -52,7 +42,7 @@ def test_adapter_logprobs_match_learner_then_after_update(engine, tiny_model_dir
         engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
         outs = refs.generate(engine, ps, 5, 1.0)
         assert all((c.versions == version).all() for c in outs)
-        worst = _worst_gap(backend, ps, outs, 1.0)
+        worst = refs.adapter_gap(backend, ps, outs, 1.0)
         seen.append([c.token_ids.tolist() for c in outs])
         print(f"vLLM LoRA v{version}: max |engine - learner| = {worst:.2e}")
         assert worst < 1e-3
@@ -96,7 +86,7 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
             sel = c.versions == v
             if sel.any():
                 worst = max(worst, float(np.abs(ref[sel] - c.logprobs[sel]).max()))
-    worst = max(worst, _worst_gap(new, ps, second, 1.0))
+    worst = max(worst, refs.adapter_gap(new, ps, second, 1.0))
     print(f"in flight ({mode}): {mixed}/{len(ps)} samples span both versions, "
           f"max |engine - learner| = {worst:.2e}")
     assert worst < 1e-3
@@ -111,18 +101,9 @@ def test_adapter_on_the_tied_head_matches_learner(engine, tiny_model_dir):
     """An adapter on `lm_head` of the tied tiny model (with two projections): vLLM's logits
     get the head's adapter (actors/vllm_worker.py declares the head adaptable for Qwen2) and
     the embedding stays E, so its logprobs are the learner's."""
-    lora = LoraConfig(rank=4, alpha=8, targets="q_proj,down_proj,lm_head")
-    backend = SingleProcessBackend(tiny_model_dir, 3e-2, 0.0, 0, lora=lora)
-    assert "lm_head.lora_B.weight" in backend.adapter_state()
-    ps = refs.prompts(tiny_model_dir, 16)
-    for version in (20, 21):
-        refs.train_adapter(backend, tiny_model_dir, 5)
-        engine.loop.run_until_complete(refs.publish_adapter(engine, backend, version))
-        outs = refs.generate(engine, ps, 5, 1.0)
-        assert all((c.versions == version).all() for c in outs)
-        worst = _worst_gap(backend, ps, outs, 1.0)
-        print(f"vLLM LoRA with lm_head v{version}: max |engine - learner| = {worst:.2e}")
-        assert worst < 1e-3
+    refs.check_tied_head_adapter(engine, tiny_model_dir,
+                                 LoraConfig(rank=4, alpha=8, targets="q_proj,down_proj,lm_head"),
+                                 "vLLM")
 
 
 @pytest.mark.slow
