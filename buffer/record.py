@@ -40,9 +40,9 @@ TOKEN_FIELDS: tuple[TokenField, ...] = (
 )
 """The per-token columns, aligned token for token within a sample. Each is stored in the dtype
 actors send it in (ids and versions int32: vocabularies and version counters stay far below
-2**31; masks 0/1 as uint8), so the learner keeps the received bytes instead of copies
-(learner/validate.py) and a buffered token takes 13 bytes (24 with int64 ids and versions and
-float32 masks). The trainer's batch (learner/batch.py) widens them to int64 and float32."""
+2**31; masks 0/1 as uint8): intake copies nothing it need not (a large group keeps the
+received bytes, learner/validate.py) and a buffered token takes 13 bytes (24 with int64 ids and
+versions and float32 masks). The trainer's batch (learner/batch.py) widens them to int64 and float32."""
 
 
 @dataclass

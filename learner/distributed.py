@@ -269,8 +269,10 @@ def _receive(device: torch.device) -> tuple[Op, int, dict[str, np.ndarray]]:
     return op, version, arrays
 
 
-_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
-          np.dtype(np.float32): torch.float32, np.dtype(np.uint8): torch.uint8}
+_TORCH = {dt: torch.from_numpy(np.empty(0, dt)).dtype
+          for schema in PAYLOADS.values() for dt in schema.values()}
+"""The torch dtype of every array a command carries, derived from PAYLOADS (so a record dtype
+changed in buffer/record.py TOKEN_FIELDS needs no edit here)."""
 
 
 def _path_array(path: Path) -> dict[str, np.ndarray]:

@@ -39,8 +39,9 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
     then read in place from the message and cast once, into one array of its record dtype
     (buffer/record.py TOKEN_FIELDS; int64 for an integer column sent wider than that) for the
     whole group, and every value check runs once over that array (the casts are exact for
-    every accepted dtype, so the checks see the values that were sent). Only when a check fails does a per-sample pass look for the sample to
-    name. The samples' arrays in the record are views of these columns."""
+    every accepted dtype, so the checks see the values that were sent). Only when a check
+    fails does a per-sample pass look for the sample to name. The samples' arrays in the record
+    are views of these columns, or, in a group of `_VIEW_TOKENS` or more, of the message."""
     if msg.prompt_id != lease.prompt.prompt_id:
         raise InvalidTrajectory(f"prompt_id {msg.prompt_id} != leased {lease.prompt.prompt_id}")
     samples = msg.samples
@@ -75,9 +76,11 @@ def to_group(msg: GroupResult, lease: LeaseRecord, vocab_size: int, latest_versi
     starts = (bounds - lengths).tolist()
     ends = bounds.tolist()
 
-    in_place = int(bounds[-1]) >= _VIEW_TOKENS
-    columns = {f.name: in_place and _in_place(samples, f) or [a[i:j] for i, j in zip(starts, ends)]
-               for f, a in zip(TOKEN_FIELDS, (ids, lps, vers, masks))}
+    large = int(bounds[-1]) >= _VIEW_TOKENS
+    columns = {}
+    for f, a in zip(TOKEN_FIELDS, (ids, lps, vers, masks)):
+        views = _in_place(samples, f) if large else None
+        columns[f.name] = views if views is not None else [a[i:j] for i, j in zip(starts, ends)]
     return TrajGroup.build(lease_id=lease.lease_id, prompt_id=lease.prompt.prompt_id,
                            actor_id=lease.actor_id, prompt_ids=lease.prompt.token_ids,
                            rewards=rewards, **columns)
@@ -151,6 +154,10 @@ _JOIN_BYTES = 64 * 1024
 """Below this many bytes a column is joined first (one numpy call instead of one per sample)."""
 
 
+_WIDE = np.dtype(np.int64)
+"""What an integer column its record dtype cannot hold is checked in (every allowed integer
+dtype, transport/messages.py ALLOWED_DTYPES, fits)."""
+
 def _column(samples: list[Sample], field: TokenField) -> np.ndarray:
     """One column of the whole group, cast to its record dtype, read straight from the received
     bytes (every array's dtype, shape and byte count were checked before). A small column of
@@ -189,14 +196,10 @@ def _in_place(samples: list[Sample], field: TokenField) -> list[np.ndarray] | No
     for the next group, where a kept copy would be fresh memory, a page fault per 4 KB.
     Called after the checks, so the views hold exactly the values that were checked."""
     arrays = list(map(_GET[field.wire], samples))
-    if any(_DTYPES[a.dtype] != field.dtype for a in arrays):
+    if set(map(_DTYPE, arrays)) != {field.dtype.name}:
         return None
     return [np.frombuffer(a.data, field.dtype) for a in arrays]
 
-
-_WIDE = np.dtype(np.int64)
-"""What an integer column its record dtype cannot hold is checked in (every allowed integer
-dtype, transport/messages.py ALLOWED_DTYPES, fits)."""
 
 
 def _values_ok(ids, lps, vers, masks, vocab_size: int, min_version: int,
