@@ -11,15 +11,12 @@ import pytest
 
 pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/env_sglang.sh)")
 
-
 import engine_refs as refs  # noqa: E402
 from configs.schema import LoraConfig  # noqa: E402
 from learner.backend import SingleProcessBackend  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 LORA = LoraConfig(rank=4, alpha=8)
-
-
 LORA_HEAD = LoraConfig(rank=4, alpha=8, targets=f"{LORA.targets},lm_head")
 """The seven projections and the tied `lm_head`: the module's engine is started with these
 targets (one engine start for the module); an adapter that leaves `lm_head` out (LORA) gets
