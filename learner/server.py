@@ -19,7 +19,6 @@ What blocks where:
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
@@ -37,6 +36,7 @@ from buffer.replay import ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.advantages import is_uniform
 from learner.leases import LeaseRecord, LeaseTable
+from learner.rollout_reports import RolloutReports
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
 from transport import security
@@ -80,13 +80,8 @@ class LearnerServer(threading.Thread):
         self.actors: dict[str, ActorState] = {}
         self.rejected: Counter[str] = Counter()
         """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
-        self.rollout_ends: Counter[str] = Counter()
-        """Rollouts of accepted results (kept or dropped as agent_error) by how they ended:
-        transport.messages.FINISH_REASONS, or "unreported" for agents that do not say."""
-        self.reward_scores: Counter[str] = Counter()
-        """Sums of the named reward scores over the same rollouts, and `samples` scored."""
-        self.tool_parse_errors = 0
-        """Model turns of accepted results whose tool calls did not parse."""
+        self.reports = RolloutReports()
+        """What the rollouts of accepted results (kept or dropped as agent_error) reported."""
         self.timeline = None
         """learner/timeline.Timeline, given the actors' time spans when set."""
         self._commands: queue.Queue = queue.Queue()
@@ -164,9 +159,7 @@ class LearnerServer(threading.Thread):
                 "leases": self.leases.counts(),
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
-                "rollout_ends": dict(self.rollout_ends),
-                "reward_scores": dict(self.reward_scores),
-                "tool_parse_errors": self.tool_parse_errors,
+                **self.reports.snapshot(),
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -419,7 +412,7 @@ class LearnerServer(threading.Thread):
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
                         errors[0])
             self.leases.drop(rec, DropReason.AGENT_ERROR)
-            self._count_ends(msg)
+            self.reports.count(msg)
             return None
         try:
             group = to_group(msg, rec, self.vocab_size, self.version,
@@ -428,24 +421,11 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.INVALID)
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
-        self._count_ends(msg)
+        self.reports.count(msg)
         if self.cfg.learner.drop_uniform_groups and is_uniform(group.rewards):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
             return None
         return group
-
-    def _count_ends(self, msg: m.GroupResult) -> None:
-        """Samples with an error ended in "error" whatever they claim; unknown claims of an
-        agent-error group (never validated) count as "unreported". Runs under `_lock`, as
-        every handler does."""
-        self.rollout_ends.update(
-            "error" if s.error else s.finish if s.finish in m.FINISH_REASONS else "unreported"
-            for s in msg.samples)
-        for s in msg.samples:  # named reward scores (tasks/rewards.py); finite ones only
-            if s.scores:
-                self.reward_scores["samples"] += 1
-                self.reward_scores.update({k: v for k, v in s.scores.items() if math.isfinite(v)})
-        self.tool_parse_errors += sum(s.tool_parse_errors for s in msg.samples)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:
