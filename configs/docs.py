@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -45,6 +46,8 @@ def _cell(text: str) -> str:
 
 
 def _default(value: object) -> str:
+    if value is None:
+        return "`null`"
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
     if value == "":
@@ -56,6 +59,8 @@ def _allowed(hint: object) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return " \\| ".join(f"`{v}`" for v in typing.get_args(hint))
     base, meta = unwrap(hint)
+    if isinstance(base, types.UnionType):  # `float | None`: the YAML value or null
+        return " or ".join("null" if a is type(None) else a.__name__ for a in typing.get_args(base))
     name = getattr(base, "__name__", str(base))
     return name if meta is None else _cell(f"{name}, {rule(meta)}")
 

@@ -146,6 +146,13 @@ class LearnerConfig(Section):
     """Also end the run once training has lasted this long, counted from the first wait for a
     batch (start-up and the first evaluation excluded; the final evaluation and export follow).
     0 = no limit. summary.json's end_reason is then "time_limit"; comparisons at equal wall time."""
+    stop_at_reward: float | None = None
+    """Also end the run once the sampled reward, averaged over the training batches of the last
+    `stop_reward_window` steps, reaches this (null = never). summary.json's end_reason is then
+    "reward_reached"; the final evaluation and export follow as for any end. The window counts
+    the steps of this process only (a resumed run fills it again)."""
+    stop_reward_window: Count = 20
+    """Steps averaged for `stop_at_reward`."""
     prompts_per_step: Count = 16
     """GRPO groups (prompts) in one training batch."""
     group_size: Annotated[int, Meta(ge=2, description=">= 2 (group-relative advantages)")] = 8

@@ -178,8 +178,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
     """Take a batch, step, gather and announce the new version, until learner.max_steps (or
-    learner.max_train_minutes); returns why it ended ("finished", "time_limit" or
-    "interrupted"). Stops the server and actors."""
+    learner.max_train_minutes, or learner.stop_at_reward); returns why it ended ("finished",
+    "time_limit", "reward_reached" or "interrupted"). Stops the server and actors."""
     run_dir = Path(cfg.run_dir)
     reason = "finished"
     deadline = (time.monotonic() + 60 * cfg.learner.max_train_minutes
@@ -213,6 +213,12 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
                 with tl.span("checkpoint"):  # counted in the next step's row
                     _save_checkpoint(team, st.server, run_dir, st.version,
                                      cfg.learner.checkpoint_keep)
+            if _reward_reached(cfg, st.metrics):
+                reason = "reward_reached"
+                log.info("learner.stop_at_reward=%g reached at v%d (mean sampled reward of the "
+                         "last %d steps)", cfg.learner.stop_at_reward, st.version,
+                         cfg.learner.stop_reward_window)
+                break
     except KeyboardInterrupt:
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
@@ -222,6 +228,15 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
         st.metrics.close()
         st.actors.reap()
     return reason
+
+
+def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
+    """learner.stop_at_reward: has the mean sampled reward of the last stop_reward_window
+    steps reached it?"""
+    target, window = cfg.learner.stop_at_reward, cfg.learner.stop_reward_window
+    rows = metrics.rows[-window:]
+    return (target is not None and len(rows) == window
+            and sum(r["reward_mean"] for r in rows) / window >= target)
 
 
 def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: str,

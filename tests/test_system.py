@@ -57,6 +57,24 @@ def test_max_train_minutes_ends_the_run_at_its_wall_time(tmp_path, tiny_model_di
     _check_accounting(s)
 
 
+def test_stop_at_reward_ends_the_run_at_the_first_step_its_window_reaches(tmp_path,
+                                                                           tiny_model_dir):
+    """learner.stop_at_reward: the run ends at the first step whose last stop_reward_window
+    sampled-reward means average to the target (not before, not after), then evaluates and
+    writes its summary as a finished run would."""
+    run, window, target = tmp_path / "run", 5, 0.45
+    s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=400",
+                            f"learner.stop_at_reward={target}",
+                            f"learner.stop_reward_window={window}")
+    rewards = [r["reward_mean"] for r in procs.metrics(run)]
+    reached = [i + 1 for i in range(window - 1, len(rewards))
+               if sum(rewards[i + 1 - window:i + 1]) / window >= target]
+    assert s["end_reason"] == "reward_reached", (s["steps"], rewards)
+    assert reached == [s["steps"]] == [len(rewards)], (reached, rewards)
+    assert (run / "final_model" / "config.json").exists() and "eval_reward_end" in s
+    _check_accounting(s)
+
+
 def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
     """transport.weights_via=filesystem: actors read each version's safetensors file; the
     socket carries only the notice, and old files are pruned to max_staleness + 3."""
