@@ -52,8 +52,11 @@ from actors.lifeline import die_with
 log = logging.getLogger(__name__)
 
 UPDATE_MODES = ("wait", "keep", "abort")
-_PAUSE = {"wait": "in_place", "keep": "retract", "abort": "abort"}
-"""SGLang pause mode per update_mode (wait pauses only once nothing runs)."""
+_PAUSE = {"wait": "retract", "keep": "retract", "abort": "abort"}
+"""SGLang pause mode per update_mode. `wait` pauses only once none of our requests runs, so its
+retract moves nothing back to the queue; it still clears the finished requests the scheduler has
+not yet filtered out of its running batch. (An "in_place" pause froze those there, and the
+cache flush after the load then failed with "requests are still running".)"""
 LORA_SLOTS = 4
 """Adapters in one running batch (`max_loras_per_batch`): old versions still finishing + the new;
 requests on a fifth wait in SGLang's queue."""

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests without CUDA, `vllm` and `megatron` tests without those packages."""
+    """Skip `gpu` tests without CUDA, `vllm` and `megatron` tests without those packages;
+    files with the most slow tests first."""
     import importlib.util
 
     import torch
@@ -33,6 +34,18 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+    _slow_files_first(items)
+
+
+def _slow_files_first(items: list) -> None:
+    """Order the files by how many `slow` tests each holds, most first (stable otherwise).
+    test.sh runs files on two workers (pytest-xdist, --dist loadfile), which take files in this
+    order: the long runs start early instead of leaving one worker busy at the end while the
+    other idles (longest-first scheduling)."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture(scope="session", autouse=True)
