@@ -28,6 +28,7 @@ if [ "${TETHER_SGLANG:-1}" != 0 ]; then
       tests/test_sglang_real_model.py "$@"
     src=$?
     [ "$src" -eq 5 ] && src=0  # the arguments selected no SGLang test
+    echo "[test] SGLang lane: exit $src after ${SECONDS} s (venv set-up included)"
     exit "$src"
   ) > "$sglang_log" 2>&1 &
   sglang_pid=$!
@@ -43,11 +44,13 @@ if [ "$rc" -eq 5 ]; then
 fi
 
 if [ -n "$sglang_pid" ]; then
-  echo "[test] main lane done (exit $rc); waiting for the SGLang lane ..." >&2
+  echo "[test] main lane done (exit $rc) after ${SECONDS} s (set-up included);" \
+       "waiting for the SGLang lane ..." >&2
   wait "$sglang_pid"
   src=$?
   echo "===================== SGLang lane ($sglang_log) =====================" >&2
   cat "$sglang_log"
   [ "$rc" -eq 0 ] && rc=$src
 fi
+echo "[test] all done after ${SECONDS} s: exit $rc" >&2
 exit "$rc"
