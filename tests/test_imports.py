@@ -119,6 +119,7 @@ def test_vllm_marked_tests_skip_when_vllm_is_missing(monkeypatch):
         def __init__(self, *keywords):
             self.keywords = set(keywords)
             self.markers = []
+            self.path = "tests/test_x.py"  # conftest orders files by their count of slow tests
 
         def add_marker(self, marker):
             self.markers.append(marker)
