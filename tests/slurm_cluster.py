@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -24,10 +25,14 @@ class Unavailable(RuntimeError):
 
 
 def free_ports(n: int) -> int:
-    """A base port such that base .. base+n-1 are free on 127.0.0.1 right now."""
+    """A base port such that base .. base+n-1 are free on 127.0.0.1 right now, below the
+    kernel's ephemeral range: a port in that range can be taken between this check and the
+    learner's bind by any connection's source port (seen with the test lanes running at once:
+    the sbatch learner's port was in use, its actor reached another process)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     rng = random.Random(os.getpid())
     for _ in range(200):
-        base = rng.randrange(20000, 40000)
+        base = rng.randrange(10000, low - n)
         socks = []
         try:
             for p in range(base, base + n):
@@ -43,15 +48,17 @@ def free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found")
 
 
-def until(cond, timeout: float, what: str, interval: float = 0.2):
-    """Poll `cond()` until it returns something truthy (returned); fail after `timeout`."""
+def until(cond, timeout: float, what: str, interval: float = 0.2,
+          explain: Callable[[], str] = str):
+    """Poll `cond()` until it returns something truthy (returned); fail after `timeout`,
+    adding `explain()` (say, the job's output) to the message."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{explain()}")
         time.sleep(interval)  # a poll interval with a deadline, not synchronisation
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import procs
-from slurm_cluster import Cluster, Unavailable, free_ports, until
+from slurm_cluster import TERMINAL, Cluster, Unavailable, free_ports, until
 
 SBATCH = procs.ROOT / "scripts" / "slurm" / "tether.sbatch"
 
@@ -39,7 +39,25 @@ def _submit(cluster, tmp_path, tiny_model_dir, *overrides: str, actors_per_node:
 
 
 def _job_output(tmp_path, job: str) -> str:
-    return (tmp_path / f"slurm-{job}.out").read_text()
+    out = tmp_path / f"slurm-{job}.out"
+    return out.read_text() if out.exists() else f"(job {job} has written no output yet)"
+
+
+def _until_steps(cluster, job: str, run, tmp_path, n: int, timeout: float) -> None:
+    """Block until the run has logged `n` training steps; fail at once, with the job's record
+    and output, if the job ends first (it did not wait the whole timeout for a dead job)."""
+    metrics = run / "metrics.jsonl"
+
+    def steps_or_end():
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return "steps"
+        rec = cluster.job(job)
+        return rec["JobState"] in TERMINAL and rec
+
+    got = until(steps_or_end, timeout, f"{n} training steps in metrics.jsonl", interval=0.5,
+                explain=lambda: f"{cluster.job(job)}\n{_job_output(tmp_path, job)[-3000:]}")
+    assert got == "steps", (f"job {job} ended before {n} steps", got,
+                            _job_output(tmp_path, job)[-3000:])
 
 
 @pytest.mark.slow
@@ -67,9 +85,7 @@ def test_sbatch_runs_learner_and_actors_to_the_end(cluster, tmp_path, tiny_model
 def test_scancel_checkpoints_before_the_job_stops(cluster, tmp_path, tiny_model_dir):
     run, job = _submit(cluster, tmp_path, tiny_model_dir, "learner.max_steps=100000",
                        "learner.checkpoint_every=0")
-    until(lambda: (run / "metrics.jsonl").exists()
-          and len((run / "metrics.jsonl").read_text().splitlines()) >= 3, 240,
-          "3 training steps in metrics.jsonl")
+    _until_steps(cluster, job, run, tmp_path, 3, timeout=240)
     cluster.run("scancel", job)
     rec = cluster.wait(job, timeout=120)
     out = _job_output(tmp_path, job)
