@@ -27,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 
 
 class Rejected(Exception):
-    """The learner refused this actor (e.g. protocol mismatch); retrying would not help."""
+    """The learner refused this actor (e.g. protocol mismatch), or what answered at its address
+    is no Tether learner; retrying would not help."""
 
 
 class Link(enum.Enum):
@@ -162,7 +164,7 @@ class Actor:
             log.info("actor %s done: %d groups generated", self.actor_id, self.groups_done)
             return 0
         except Rejected as e:
-            log.error("learner rejected actor %s: %s", self.actor_id, e)
+            log.error("actor %s cannot join: %s", self.actor_id, e)
             return 3
         finally:
             for task in tasks:
@@ -192,7 +194,13 @@ class Actor:
         while True:
             await self.control.send(self._hello())
             if await self.control.poll(timeout * 1000):
-                msg = self.dec.to_actor.decode(await self.control.recv())
+                reply = await self.control.recv()
+                try:
+                    msg = self.dec.to_actor.decode(reply)
+                except msgspec.DecodeError as e:  # ValidationError included
+                    raise Rejected(f"{self.control_endpoint} answered with something that is "
+                                   f"not a Tether learner's message ({e}; {len(reply)} bytes): "
+                                   "is another service on that port?") from e
                 match msg:
                     case m.Welcome():
                         self._on_welcome(msg)

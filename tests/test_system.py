@@ -75,6 +75,33 @@ def test_stop_at_reward_ends_the_run_at_the_first_step_its_window_reaches(tmp_pa
     _check_accounting(s)
 
 
+def test_an_actor_pointed_at_a_service_that_is_not_tether_says_so_and_exits(tmp_path):
+    """Whatever answers at the learner's address speaks something else (here a ROUTER that
+    answers the actor's Hello with a well-formed message of an unknown type, as another
+    ZeroMQ service on a reused port might): the actor exits 3 naming the address, instead of
+    ending in a decoder traceback."""
+    import msgspec
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    ap = procs.Proc(["-m", "actors", "-c", str(procs.PRESET), "--actor-id", "lost",
+                     f"run_dir={tmp_path / 'run'}", f"tcp://127.0.0.1:{port}"],
+                    tmp_path / "actor.log")
+    try:
+        assert router.poll(120_000), ap.tail()  # the actor's Hello
+        identity, _hello = router.recv_multipart()
+        router.send_multipart([identity, msgspec.msgpack.encode({"type": "hello", "id": 1})])
+        assert ap.finish(timeout=60) == 3, ap.tail()
+    finally:
+        ap.kill()
+        router.close()
+        ctx.term()
+    assert f"actor lost cannot join: tcp://127.0.0.1:{port} answered with something that is " \
+           "not a Tether learner's message" in "".join(ap.lines), ap.tail()
+
+
 def test_weights_through_a_shared_directory(tmp_path, tiny_model_dir):
     """transport.weights_via=filesystem: actors read each version's safetensors file; the
     socket carries only the notice, and old files are pruned to max_staleness + 3."""
