@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -42,9 +43,7 @@ def _slow_files_first(items: list) -> None:
     test.sh runs files on two workers (pytest-xdist, --dist loadfile), which take files in this
     order: the long runs start early instead of leaving one worker busy at the end while the
     other idles (longest-first scheduling)."""
-    slow: dict[str, int] = {}
-    for item in items:
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
     items.sort(key=lambda item: -slow[item.path])
 
 
