@@ -355,7 +355,7 @@ class Actor:
                 for res in results:
                     await self.trajectory.send(self.enc.encode(res))  # waits while learner is full
                     self.groups_done += 1
-                    self.tokens_done += sum(x.completion_ids.shape[0] for x in res.samples)
+                    self.tokens_done += sum(x.num_tokens for x in res.samples)
 
     async def _next_grant(self, joins: int) -> m.LeaseGrant | None:
         """The grant answering our request, or None if we had to join again meanwhile."""
@@ -398,9 +398,9 @@ class Actor:
                  for i in range(lease.num_samples)]
         rollouts = await asyncio.gather(*(self.agent.run(t, self.client) for t in tasks),
                                         return_exceptions=True)
-        return m.GroupResult(lease_id=lease.lease_id, actor_id=self.actor_id,
-                             prompt_id=lease.prompt_id,
-                             samples=[_sample(i, r) for i, r in enumerate(rollouts)])
+        samples, tokens = zip(*(_sample(i, r) for i, r in enumerate(rollouts)))
+        return m.pack_group(lease_id=lease.lease_id, actor_id=self.actor_id,
+                            prompt_id=lease.prompt_id, samples=list(samples), tokens=list(tokens))
 
     def _status(self, every_s: float = 10.0) -> None:
         """A compact progress line every `every_s` seconds."""
@@ -421,16 +421,13 @@ class Actor:
         return True
 
 
-def _sample(index: int, r: Rollout | BaseException) -> m.Sample:
+def _sample(index: int, r: Rollout | BaseException) -> tuple[m.Sample, dict | None]:
+    """A rollout's wire scalars and its token columns (None for an agent error)."""
     if isinstance(r, BaseException):
         log.warning("agent failed on sample %d: %r", index, r)
-        empty = m.Array.from_numpy(np.zeros(0, dtype=np.int32))
-        return m.Sample(sample_index=index, completion_ids=empty, logprobs=empty, versions=empty,
-                        loss_mask=empty, reward=0.0, error=f"{type(r).__name__}: {r}"[:500],
-                        finish=Finish.ERROR.value)
-    return m.Sample(sample_index=index, completion_ids=m.Array.from_numpy(r.completion_ids),
-                    logprobs=m.Array.from_numpy(r.logprobs), versions=m.Array.from_numpy(r.versions),
-                    loss_mask=m.Array.from_numpy(r.loss_mask), reward=r.reward, finish=r.finish,
-                    scores=r.scores,
-                    tool_parse_errors=r.tool_parse_errors)
+        return m.Sample(sample_index=index, reward=0.0, error=f"{type(r).__name__}: {r}"[:500],
+                        finish=Finish.ERROR.value), None
+    return (m.Sample(sample_index=index, reward=r.reward, finish=r.finish, scores=r.scores,
+                     tool_parse_errors=r.tool_parse_errors),
+            {name: getattr(r, name) for name in m.TOKEN_COLUMNS})
 

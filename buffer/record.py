@@ -6,10 +6,12 @@ Every path that keeps or moves trajectories on the learner side uses this module
     in-process loop (learner/sync_loop.py) ──▶ TrajGroup.build
     FSDP command broadcast, checkpoint buffer.npz ──▶ to_arrays / from_arrays
 
-The per-token columns are declared once, in `TOKEN_FIELDS`: a record attribute, the `Sample`
-field it comes from on the wire, and its dtype. The codec, validation's dtype checks and the
-actor's wire conversion all iterate that table, so a new per-token field is a field of
-`transport.messages.Sample`, a line in `TOKEN_FIELDS` and an attribute of `TrajGroup`.
+The per-token columns are declared once, in `TOKEN_FIELDS`: a record attribute, the
+`GroupResult` column it comes from on the wire, and its dtype. The codec and validation iterate
+that table and the actor's wire conversion iterates the wire's columns
+(transport.messages.TOKEN_COLUMNS), so a new per-token field is an Array field of
+`transport.messages.GroupResult` (and the agents' `Rollout` attribute of that name), a line in
+`TOKEN_FIELDS` and an attribute of `TrajGroup`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class TokenField:
     name: str
     """Attribute of TrajGroup (a list with one array per sample)."""
     wire: str
-    """Field of transport.messages.Sample it arrives in."""
+    """Column of transport.messages.GroupResult it arrives in."""
     dtype: np.dtype
     """What the record stores (values arrive in any allowed dtype of `kinds` and are cast)."""
     kinds: str
@@ -40,7 +42,7 @@ TOKEN_FIELDS: tuple[TokenField, ...] = (
 )
 """The per-token columns, aligned token for token within a sample. Each is stored in the dtype
 actors send it in (ids and versions int32: vocabularies and version counters stay far below
-2**31; masks 0/1 as uint8): intake copies nothing it need not (a large group keeps the
+2**31; masks 0/1 as uint8): intake copies nothing it need not (the record keeps views of the
 received bytes, learner/validate.py) and a buffered token takes 13 bytes (24 with int64 ids and
 versions and float32 masks). The trainer's batch (learner/batch.py) widens them to int64 and float32."""
 

@@ -7,8 +7,9 @@ Sections:
   transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
              real I/O thread) vs raw pyzmq PUSH/PULL of the same bytes (a receiver that only
              counts frames), at 8, 1024 and 16384 tokens per sample. The sender is a separate
-             process, as actors are; a second row per size repeats the earlier method (the
-             sender a thread of the receiving process, sharing its GIL) in the same run.
+             process, as actors are. A second baseline keeps every frame it receives, as a
+             learner keeps what it trains on; a third row per size repeats the earlier method
+             (the sender a thread of the receiving process, sharing its GIL) in the same run.
   weights    one weight version served by the learner's weights socket to 1, 4, 8 receivers vs
              raw pyzmq ROUTER->DEALER of the same buckets; time to apply in the HF engine.
   lora       bytes and time (pack + serve) per published version on SmolLM2-135M to 1, 4, 8
@@ -74,14 +75,13 @@ class _Task:
 
 def _group(lease_id: int, n: int, tokens: int) -> bytes:
     rng = np.random.default_rng(lease_id)
-    samples = [m.Sample(sample_index=i,
-                        completion_ids=m.Array.from_numpy(rng.integers(0, 16, tokens).astype(np.int32)),
-                        logprobs=m.Array.from_numpy(-rng.random(tokens, dtype=np.float32)),
-                        versions=m.Array.from_numpy(np.zeros(tokens, np.int32)),
-                        loss_mask=m.Array.from_numpy(np.ones(tokens, np.uint8)), reward=1.0)
-               for i in range(n)]
-    return m.encoder().encode(m.GroupResult(lease_id=lease_id, actor_id="bench", prompt_id=lease_id,
-                                            samples=samples))
+    columns = [dict(completion_ids=rng.integers(0, 16, tokens).astype(np.int32),
+                    logprobs=-rng.random(tokens, dtype=np.float32),
+                    versions=np.zeros(tokens, np.int32), loss_mask=np.ones(tokens, np.uint8))
+               for _ in range(n)]
+    samples = [m.Sample(sample_index=i, reward=1.0) for i in range(n)]
+    return m.encoder().encode(m.pack_group(lease_id=lease_id, actor_id="bench", prompt_id=lease_id,
+                                           samples=samples, tokens=columns))
 
 
 def _server(num_groups: int, model_dir: Path, **transport):
@@ -150,7 +150,7 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
     separate-process pair (ours, then raw) is measured `repeats` times, alternating, and each
     side reports its median: on this 2-core VM one raw figure moved 2x between runs."""
     ctx = zmq.Context()
-    ours_runs, raw_runs = [], []
+    ours_runs, raw_runs, keep_runs = [], [], []
     for _ in range(repeats):
         # sender process -> the learner's I/O thread
         server, buf = _server(num, model_dir, high_water_mark=1000)
@@ -166,8 +166,16 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
         raw_runs.append(_timed_from_process(
             f"tcp://127.0.0.1:{port}", tokens, num,
             lambda: [pull.recv(copy=False) for _ in range(num)] and None))
+        # ... and one that keeps every frame, as a learner must keep what it trains on: the
+        # memory of kept frames is fresh (a page fault per 4 KB), dropped ones are reused
+        kept: list = []
+        keep_runs.append(_timed_from_process(
+            f"tcp://127.0.0.1:{port}", tokens, num,
+            lambda: kept.extend(pull.recv(copy=False) for _ in range(num))))
+        del kept
         pull.close(linger=0)
     ours, raw = float(np.median(ours_runs)), float(np.median(raw_runs))
+    raw_keep = float(np.median(keep_runs))
     # the earlier method: the sender is this process's main thread
     frames = [_group(i, 8, tokens) for i in range(num)]
     nbytes = sum(len(f) for f in frames)
@@ -209,8 +217,10 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
             "tether_groups_per_s": num / ours, "tether_MB_per_s": nbytes / ours / 1e6,
             "raw_groups_per_s": num / raw, "raw_MB_per_s": nbytes / raw / 1e6,
             "ratio_vs_raw": raw / ours,
+            "raw_keeping_groups_per_s": num / raw_keep, "ratio_vs_raw_keeping": raw_keep / ours,
             "runs": {"tether_groups_per_s": [num / t for t in ours_runs],
-                     "raw_groups_per_s": [num / t for t in raw_runs]},
+                     "raw_groups_per_s": [num / t for t in raw_runs],
+                     "raw_keeping_groups_per_s": [num / t for t in keep_runs]},
             "sender_thread": {"tether_groups_per_s": num / ours_thread,
                               "raw_groups_per_s": num / raw_thread,
                               "ratio_vs_raw": raw_thread / ours_thread}}
@@ -690,6 +700,9 @@ def render(res: dict) -> str:
                     f"{t['tether_groups_per_s']:.0f} groups/s, {t['tether_MB_per_s']:.0f} MB/s | "
                     f"raw PUSH/PULL {t['raw_groups_per_s']:.0f} groups/s, {t['raw_MB_per_s']:.0f} MB/s | "
                     f"{t['ratio_vs_raw']:.2f} |")
+        rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample, against raw keeping "
+                    f"every frame | | raw PUSH/PULL, frames kept {t['raw_keeping_groups_per_s']:.0f} "
+                    f"groups/s | {t['ratio_vs_raw_keeping']:.2f} |")
         th = t["sender_thread"]
         rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample, sender a thread of the "
                     f"receiving process | {th['tether_groups_per_s']:.0f} groups/s | raw "

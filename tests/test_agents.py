@@ -181,8 +181,8 @@ def test_rollouts_report_how_they_ended():
     assert run(single, ScriptedLLM([ANSWER])).finish == "answer"  # stopped at <eos>
     cut = asyncio.run(single.run(rollout_task(max_new_tokens=2), ScriptedLLM([ANSWER])))
     assert cut.finish == "max_tokens"  # cut at task.max_new_tokens
-    assert _sample(0, cut).finish == "max_tokens"
-    assert _sample(1, RuntimeError("x")).finish == "error"
+    assert _sample(0, cut)[0].finish == "max_tokens"
+    assert _sample(1, RuntimeError("x"))[0].finish == "error"
 
 
 @pytest.mark.parametrize("finish, ok", [
@@ -249,14 +249,13 @@ def _lease(min_version=3):
 
 def _group_msg(version_model=3, version_tool=-1, mask=(1, 0, 0, 1)):
     n = len(mask)
-    samples = [m.Sample(sample_index=i, completion_ids=m.Array.from_numpy(np.full(n, 6, np.int32)),
-                        logprobs=m.Array.from_numpy(np.where(np.array(mask) == 1, -0.5, 0.0)
-                                                    .astype(np.float32)),
-                        versions=m.Array.from_numpy(np.where(np.array(mask) == 1, version_model,
-                                                             version_tool).astype(np.int32)),
-                        loss_mask=m.Array.from_numpy(np.array(mask, np.uint8)), reward=float(i))
-               for i in range(2)]
-    return m.GroupResult(lease_id=7, actor_id="a", prompt_id=5, samples=samples)
+    tokens = dict(completion_ids=np.full(n, 6, np.int32),
+                  logprobs=np.where(np.array(mask) == 1, -0.5, 0.0).astype(np.float32),
+                  versions=np.where(np.array(mask) == 1, version_model, version_tool).astype(np.int32),
+                  loss_mask=np.array(mask, np.uint8))
+    return m.pack_group(lease_id=7, actor_id="a", prompt_id=5,
+                        samples=[m.Sample(sample_index=i, reward=float(i)) for i in range(2)],
+                        tokens=[tokens, tokens])
 
 
 def test_tool_tokens_are_validated_but_not_counted_in_versions_or_staleness():
@@ -295,8 +294,10 @@ def test_tool_tokens_get_no_gradient_and_are_not_in_token_means():
 
 
 def test_an_agent_exception_becomes_a_failed_sample_with_its_reason():
-    s = _sample(3, RuntimeError("tool crashed"))
-    assert s.error == "RuntimeError: tool crashed" and s.completion_ids.shape == (0,)
+    s, tokens = _sample(3, RuntimeError("tool crashed"))
+    assert s.error == "RuntimeError: tool crashed" and tokens is None
+    msg = m.pack_group(lease_id=1, actor_id="a", prompt_id=2, samples=[s], tokens=[tokens])
+    assert msg.samples[0].num_tokens == 0 and msg.completion_ids.shape == (0,)
 
 
 # ------------------------------------------------------------------ OpenAI-compatible endpoint

@@ -25,6 +25,7 @@ from actors.tool_agent import ToolAgent
 from actors.tool_parsers import FunctionCall, HermesParser, ParsedTurn, ParseFailure, TetherParser
 from actors.rollout import RolloutTask
 from actors.tools import Calculator, ToolRegistry
+from buffer.record import TrajGroup
 from learner.leases import LeaseRecord
 from learner.validate import to_group
 from tasks.base import Prompt
@@ -160,14 +161,16 @@ def run_agent(fn, llm, tool_defs=TOOLS, ep=None):
     return asyncio.run(go())
 
 
-def as_learner_receives(r) -> m.Sample:
-    """The rollout as the actor sends it and the learner decodes and validates it."""
-    msg = m.GroupResult(lease_id=1, actor_id="a", prompt_id=3, samples=[_sample(0, r)])
+def as_learner_receives(r) -> tuple[m.GroupResult, TrajGroup]:
+    """The rollout as the actor sends it (a group of one) and the learner decodes and validates
+    it: the decoded message and the record."""
+    sample, tokens = _sample(0, r)
+    msg = m.pack_group(lease_id=1, actor_id="a", prompt_id=3, samples=[sample], tokens=[tokens])
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(msg), type=m.GroupResult)
     rec = LeaseRecord(lease_id=1, prompt=Prompt(3, task().prompt_ids, {}), actor_id="a",
                       incarnation="i", num_samples=1, min_version=0)
     group = to_group(decoded, rec, vocab_size=len(TOK), latest_version=7, max_tokens=300)
-    return decoded.samples[0], group
+    return decoded, group
 
 
 # ------------------------------------------------------------------ parsers
@@ -229,12 +232,12 @@ def test_openai_client_tool_loop_trajectory_is_what_the_learner_receives():
     assert second.choices[0].message.tool_calls is None
     assert first.usage.prompt_tokens == len(task().prompt_ids)
     want_ids, want_mask = expected_completion()
-    sample, group = as_learner_receives(r)
-    np.testing.assert_array_equal(sample.completion_ids.to_numpy(), want_ids)
-    np.testing.assert_array_equal(sample.loss_mask.to_numpy(), want_mask)
-    np.testing.assert_array_equal(sample.versions.to_numpy(), np.where(want_mask == 1, 7, -1))
+    sent, group = as_learner_receives(r)
+    np.testing.assert_array_equal(sent.completion_ids.to_numpy(), want_ids)
+    np.testing.assert_array_equal(sent.loss_mask.to_numpy(), want_mask)
+    np.testing.assert_array_equal(sent.versions.to_numpy(), np.where(want_mask == 1, 7, -1))
     n_call = len(ids(CALL)) + 1
-    np.testing.assert_allclose(sample.logprobs.to_numpy(), np.concatenate(
+    np.testing.assert_allclose(sent.logprobs.to_numpy(), np.concatenate(
         [np.full(n_call, -0.1), np.zeros(int((want_mask == 0).sum())),
          np.full(len(want_ids) - n_call - int((want_mask == 0).sum()), -0.2)]))
     # the tools were rendered into the prompt the model saw; the second turn continues the ids
@@ -242,7 +245,7 @@ def test_openai_client_tool_loop_trajectory_is_what_the_learner_receives():
     np.testing.assert_array_equal(llm.contexts[1], np.concatenate([task().prompt_ids,
                                                                    want_ids[:n_call + (want_mask == 0).sum()]]))
     assert r.reward == 1.0 and r.finish == "answer" and r.tool_parse_errors == 0
-    assert sample.tool_parse_errors == 0 and len(group.completions) == 1
+    assert sent.samples[0].tool_parse_errors == 0 and len(group.completions) == 1
 
 
 def test_streaming_gives_the_same_answers_and_trajectory():
@@ -282,7 +285,7 @@ def test_a_turn_that_does_not_parse_is_content_and_counted(turn):
     r = run_agent(agent, ScriptedLLM([turn]))
     (only,) = seen
     assert only.choices[0].finish_reason == "stop" and only.choices[0].message.content == turn
-    assert r.tool_parse_errors == 1 and as_learner_receives(r)[0].tool_parse_errors == 1
+    assert r.tool_parse_errors == 1 and as_learner_receives(r)[0].samples[0].tool_parse_errors == 1
     direct = asyncio.run(ToolAgent(lambda meta, ids: 0.0, CHAT, ToolRegistry([Calculator()], 5.0),
                                    1, 300, HermesParser(), TOOLS).run(task(), ScriptedLLM([turn])))
     assert direct.tool_parse_errors == (1 if "not json" in turn else 0)

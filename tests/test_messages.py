@@ -5,12 +5,13 @@ import pytest
 from transport import messages as m
 
 
-def _sample(n=3):
-    return m.Sample(sample_index=0,
-                    completion_ids=m.Array.from_numpy(np.arange(n, dtype=np.int32)),
-                    logprobs=m.Array.from_numpy(-np.ones(n, dtype=np.float32)),
-                    versions=m.Array.from_numpy(np.zeros(n, dtype=np.int32)),
-                    loss_mask=m.Array.from_numpy(np.ones(n, dtype=np.uint8)), reward=0.5)
+def _group(n=3):
+    return m.pack_group(lease_id=4, actor_id="a", prompt_id=9,
+                        samples=[m.Sample(sample_index=0, reward=0.5)],
+                        tokens=[dict(completion_ids=np.arange(n, dtype=np.int32),
+                                     logprobs=-np.ones(n, dtype=np.float32),
+                                     versions=np.zeros(n, dtype=np.int32),
+                                     loss_mask=np.ones(n, dtype=np.uint8))])
 
 
 @pytest.mark.parametrize("msg", [
@@ -42,11 +43,11 @@ def test_learner_to_actor_round_trip(msg):
 
 
 def test_trajectory_round_trip_keeps_arrays_exact():
-    msg = m.GroupResult(lease_id=4, actor_id="a", prompt_id=9, samples=[_sample(5)])
+    msg = _group(5)
     back = m.Decoders().trajectory.decode(m.encoder().encode(msg))
-    assert back == msg
-    np.testing.assert_array_equal(back.samples[0].completion_ids.to_numpy(), np.arange(5))
-    assert back.samples[0].logprobs.to_numpy().dtype == np.float32
+    assert back == msg and back.samples[0].num_tokens == 5
+    np.testing.assert_array_equal(back.completion_ids.to_numpy(), np.arange(5))
+    assert back.logprobs.to_numpy().dtype == np.float32
 
 
 def test_arrays_travel_as_raw_bytes():

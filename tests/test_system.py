@@ -179,9 +179,9 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
         m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id="fuzz", engine="hf"),
         m.WorkRequest(actor_id="fuzz", max_groups=2), m.Heartbeat(actor_id="fuzz", weight_version=0),
         m.WeightRequest(actor_id="fuzz", have_version=-1),
-        m.GroupResult(lease_id=0, actor_id="fuzz", prompt_id=0, samples=[m.Sample(
-            sample_index=0, completion_ids=arr, logprobs=arr, versions=arr, loss_mask=arr,
-            reward=1.0)]))]
+        m.GroupResult(lease_id=0, actor_id="fuzz", prompt_id=0,
+                      samples=[m.Sample(sample_index=0, reward=1.0, num_tokens=3)],
+                      completion_ids=arr, logprobs=arr, versions=arr, loss_mask=arr))]
     rng = np.random.default_rng(0)
     ctx = zmq.Context()
     socks = []

@@ -5,7 +5,7 @@ import pytest
 
 from learner.leases import LeaseRecord
 from buffer.record import TOKEN_FIELDS
-from learner.validate import _VIEW_TOKENS, InvalidTrajectory, to_group
+from learner.validate import InvalidTrajectory, to_group
 from tasks.base import Prompt
 from transport import messages as m
 
@@ -24,13 +24,15 @@ def _sample(i, ids=(6, 7, 2), lp=None, ver=None, mask=None, reward=1.0):
     ver = np.full(k, 3, np.int32) if ver is None else np.asarray(ver)
     mask = np.ones(k, np.uint8) if mask is None else np.asarray(mask)
     ids = ids if isinstance(ids, np.ndarray) else np.asarray(ids, np.int32)
-    return m.Sample(sample_index=i, completion_ids=m.Array.from_numpy(ids),
-                    logprobs=m.Array.from_numpy(lp), versions=m.Array.from_numpy(ver),
-                    loss_mask=m.Array.from_numpy(mask), reward=reward)
+    return m.Sample(sample_index=i, reward=reward), dict(completion_ids=ids, logprobs=lp,
+                                                        versions=ver, loss_mask=mask)
 
 
-def _msg(samples):
-    return m.GroupResult(lease_id=7, actor_id="a", prompt_id=5, samples=samples)
+def _msg(samples, prompt_id=5):
+    """The group as actors send it (transport.messages.pack_group: one column per field;
+    samples of different dtypes promote to one)."""
+    return m.pack_group(lease_id=7, actor_id="a", prompt_id=prompt_id,
+                        samples=[s for s, _ in samples], tokens=[t for _, t in samples])
 
 
 def test_valid_group_converts():
@@ -47,19 +49,21 @@ def test_valid_group_converts():
     ([_sample(0), _sample(1, lp=[-0.5, 0.7, -0.1])], "<= 0"),
     ([_sample(0), _sample(1, ids=(6, 99, 2))], "outside vocabulary"),
     ([_sample(0), _sample(1, ids=(6, -1, 2))], "outside vocabulary"),
-    ([_sample(0), _sample(1, lp=[-0.5, -0.5])], "one length"),
-    ([_sample(0), _sample(1, ids=())], "one length"),
-    ([_sample(0), _sample(1, ids=(6,) * 9)], "limit"),
+    ([_sample(0), _sample(1, lp=[-0.5, -0.5])], "logprobs: shape .* add up to 6"),
+    ([_sample(0), _sample(1, ids=())], "sample 1: num_tokens 0 is not in 1..5"),
+    ([_sample(0), _sample(1, ids=(6,) * 9)], "sample 1: num_tokens 9 .* token limit"),
     ([_sample(0), _sample(1, ver=[3, 9, 3])], "versions"),
     ([_sample(0), _sample(1, ver=[3, 2, 3])], "min_version"),
     ([_sample(0), _sample(1, mask=[1, 2, 1])], "loss_mask"),
     ([_sample(0), _sample(1, reward=float("nan"))], "reward"),
-    ([_sample(0), _sample(1, lp=np.array([-1, -1, -1], np.int32))], "floating"),
+    ([_sample(i, lp=np.array([-1, -1, -1], np.int32)) for i in range(2)], "floating"),
+    ([_sample(i, mask=np.array([1., 1., 1.], np.float32)) for i in range(2)], "integer arrays"),
     # sent wider than the record's int32 / uint8: checked before narrowing, so nothing wraps
     # into range (2**32 + 6 would be id 6 as int32, a mask of 257 would be 1 as uint8)
     ([_sample(0), _sample(1, ids=np.array([6, 2**32 + 6, 2], np.int64))], "outside vocabulary"),
     ([_sample(0), _sample(1, ver=np.array([3, 2**32 + 3, 3], np.int64))], "versions"),
     ([_sample(0), _sample(1, mask=np.array([1, 257, 1], np.int32))], "loss_mask"),
+    ([_sample(0), _sample(1, mask=np.array([1, -1, 1], np.int32))], "loss_mask"),
 ])
 def test_invalid_groups_are_refused_with_a_reason(samples, reason):
     with pytest.raises(InvalidTrajectory, match=reason):
@@ -67,15 +71,33 @@ def test_invalid_groups_are_refused_with_a_reason(samples, reason):
 
 
 def test_array_bytes_that_do_not_fit_the_shape_are_refused():
-    bad = _sample(1)
-    bad = m.Sample(sample_index=1, completion_ids=m.Array("int32", (3,), b"\x00" * 5),
-                   logprobs=bad.logprobs, versions=bad.versions, loss_mask=bad.loss_mask, reward=0.0)
-    with pytest.raises(InvalidTrajectory, match="needs 12 bytes"):
-        to_group(_msg([_sample(0), bad]), _lease(), VOCAB, latest_version=4, max_tokens=5)
+    msg = _msg([_sample(0), _sample(1)])
+    msg.completion_ids = m.Array("int32", (6,), b"\x00" * 5)
+    with pytest.raises(InvalidTrajectory, match="completion_ids: .* needs 24 bytes, got 5"):
+        to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=5)
+
+
+def test_an_unknown_dtype_is_refused():
+    msg = _msg([_sample(0), _sample(1)])
+    msg.versions = m.Array("bfloat16", (6,), b"\x00" * 12)
+    with pytest.raises(InvalidTrajectory, match="versions: array dtype 'bfloat16' is not one of"):
+        to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=5)
+
+
+def test_samples_in_any_order_keep_their_own_tokens():
+    """An actor may list its samples in any order; each sample's tokens follow its position
+    in the message, and the record is in sample_index order."""
+    msg = _msg([_sample(1, ids=(6, 7), reward=0.0), _sample(0, ids=(2, 3, 4), reward=1.0)])
+    g = to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=5)
+    assert [c.tolist() for c in g.completions] == [[2, 3, 4], [6, 7]]
+    assert g.rewards.tolist() == [1.0, 0.0]
+    with pytest.raises(InvalidTrajectory, match="sample 1: token id outside"):
+        to_group(_msg([_sample(1, ids=(6, 99)), _sample(0)]), _lease(), VOCAB, latest_version=4,
+                 max_tokens=5)
 
 
 def test_wrong_prompt_id_is_refused():
-    msg = m.GroupResult(lease_id=7, actor_id="a", prompt_id=6, samples=[_sample(0), _sample(1)])
+    msg = _msg([_sample(0), _sample(1)], prompt_id=6)
     with pytest.raises(InvalidTrajectory, match="prompt_id"):
         to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=5)
 
@@ -92,17 +114,18 @@ def test_record_dtypes_whatever_was_sent():
     assert g.loss_masks[1].tolist() == [1, 0, 1] and g.logprobs[1].tolist() == [-0.5] * 3
 
 
-def test_large_groups_keep_the_received_bytes_small_ones_a_copy():
-    """From _VIEW_TOKENS tokens a group's record arrays are views of the received message (no
-    copy kept); below, copies. Either way they hold the values that were sent."""
+def test_the_record_keeps_the_received_bytes_when_sent_in_its_dtypes():
+    """Columns sent in the record's dtypes (as actors send them) are not copied: the record's
+    arrays are read-only views of the received message. A column sent wider is a copy. Either
+    way they hold the values that were sent."""
     rng = np.random.default_rng(0)
-    for n, in_place in ((_VIEW_TOKENS // 2, True), (4, False)):
-        ids = [rng.integers(0, VOCAB, n).astype(np.int32) for _ in range(2)]
+    ids = [rng.integers(0, VOCAB, 5).astype(np.int32) for _ in range(2)]
+    for dtype, in_place in ((np.int32, True), (np.int64, False)):
         msg = m.Decoders().trajectory.decode(m.encoder().encode(
-            _msg([_sample(i, ids=ids[i]) for i in range(2)])))
-        g = to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=n)
+            _msg([_sample(i, ids=ids[i].astype(dtype)) for i in range(2)])))
+        g = to_group(msg, _lease(), VOCAB, latest_version=4, max_tokens=5)
+        sent = np.frombuffer(msg.completion_ids.data, dtype)
         for i in range(2):
             np.testing.assert_array_equal(g.completions[i], ids[i])
-            sent = np.frombuffer(msg.samples[i].completion_ids.data, np.int32)
             assert np.shares_memory(g.completions[i], sent) == in_place
             assert not g.completions[i].flags.writeable or not in_place

@@ -22,9 +22,10 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
-leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base)."""
+leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
+columnar (one Array per token column for the whole group; Sample.num_tokens)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -202,17 +203,14 @@ turns, ran out of tokens, or the agent raised (then `error` is set)."""
 
 
 class Sample(msgspec.Struct, gc=False):
-    """One rollout. `completion_ids`, `logprobs`, `versions` and `loss_mask` are aligned per token:
-    the behavior logprob under the sampling distribution, the policy version that sampled the
-    token, and 1 for model tokens (0 for tool/environment tokens). `finish` is one of
+    """One rollout's scalars. Its tokens are `num_tokens` consecutive entries of every column of
+    its GroupResult, right after those of the samples listed before it. `finish` is one of
     FINISH_REASONS ("error" exactly when `error` is set), or "" from agents that do not say."""
 
     sample_index: int
-    completion_ids: Array
-    logprobs: Array
-    versions: Array
-    loss_mask: Array
     reward: float
+    num_tokens: int = 0
+    """Set by `pack_group`."""
     error: str = ""
     finish: str = ""
     scores: dict[str, float] = msgspec.field(default_factory=dict)
@@ -222,12 +220,46 @@ class Sample(msgspec.Struct, gc=False):
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
-    """Actor -> learner: the finished rollouts of one lease."""
+    """Actor -> learner: the finished rollouts of one lease, columnar.
+
+    Each of TOKEN_COLUMNS is one 1-D Array of all samples' tokens, sample after sample in the
+    order of `samples` (a sample's share is its `num_tokens`). Columnar so that the learner
+    checks each column of a group in one pass over the received bytes and keeps views of them,
+    copying nothing (learner/validate.py). Build it with `pack_group`."""
 
     lease_id: int
     actor_id: str
     prompt_id: int
     samples: list[Sample]
+    completion_ids: Array
+    logprobs: Array
+    versions: Array
+    loss_mask: Array
+    """The per-token columns, aligned token for token: the sampled ids, the behavior logprob
+    under the sampling distribution, the policy version that sampled the token, and 1 for model
+    tokens (0 for tool/environment tokens)."""
+
+
+TOKEN_COLUMNS = tuple(f.name for f in msgspec.structs.fields(GroupResult) if f.type is Array)
+"""GroupResult's per-token columns (its Array fields): a new one is a new field there."""
+
+
+def pack_group(*, lease_id: int, actor_id: str, prompt_id: int, samples: list[Sample],
+               tokens: list[dict[str, np.ndarray] | None]) -> GroupResult:
+    """A GroupResult from each sample's scalars and its token arrays: `tokens[i]` maps each of
+    TOKEN_COLUMNS to samples[i]'s 1-D array (None: no tokens, e.g. an agent error). Sets every
+    sample's `num_tokens` and concatenates the columns (numpy's dtype promotion across samples:
+    one dtype per column)."""
+    if len(tokens) != len(samples):
+        raise ValueError(f"{len(samples)} samples but {len(tokens)} token entries")
+    for s, t in zip(samples, tokens):
+        s.num_tokens = 0 if t is None else len(t["completion_ids"])
+    present = [t for t in tokens if t is not None]
+    columns = {name: Array.from_numpy(np.concatenate([t[name] for t in present]) if present
+                                      else np.zeros(0, np.int32))
+               for name in TOKEN_COLUMNS}
+    return GroupResult(lease_id=lease_id, actor_id=actor_id, prompt_id=prompt_id, samples=samples,
+                       **columns)
 
 
 # ---------------------------------------------------------------- weights
