@@ -19,7 +19,7 @@ import numpy as np
 
 from buffer.record import TOKEN_FIELDS, TokenField, TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import FINISH_REASONS, NUMPY_DTYPES, GroupResult
+from transport.messages import FINISH_REASONS, GroupResult
 
 CLEAN_ENDS = ("", *(r for r in FINISH_REASONS if r != "error"))
 """`Sample.finish` values a trajectory without an error may carry."""
@@ -95,25 +95,22 @@ dtype, transport/messages.py ALLOWED_DTYPES, fits)."""
 
 
 def _column(msg: GroupResult, field: TokenField, total: int) -> np.ndarray:
-    """`field`'s column as sent: a read-only view of the received bytes, after checking that
-    its dtype is allowed and of the right kind, that it is 1-D with `total` entries (the sum
-    of the samples' num_tokens) and that the byte count fits."""
+    """`field`'s column as sent: a read-only view of the received bytes (`Array.to_numpy`
+    checks that its dtype is allowed and its byte count fits its shape), of a dtype kind the
+    field accepts and 1-D with `total` entries (the sum of the samples' num_tokens)."""
     a = getattr(msg, field.wire)
-    dt = NUMPY_DTYPES.get(a.dtype)
-    if dt is None:
-        raise InvalidTrajectory(f"{field.wire}: array dtype {a.dtype!r} is not one of "
-                                f"{tuple(NUMPY_DTYPES)}")
-    if dt.kind not in field.kinds:
+    try:
+        column = a.to_numpy()
+    except ValueError as e:
+        raise InvalidTrajectory(f"{field.wire}: {e}") from e
+    if column.dtype.kind not in field.kinds:
         raise InvalidTrajectory(
             f"{field.wire}: logprobs must be floating point, got {a.dtype}" if field.kinds == "f"
             else f"{field.wire}: ids/versions/mask must be integer arrays, got {a.dtype}")
-    if a.shape != (total,):
+    if column.shape != (total,):
         raise InvalidTrajectory(f"{field.wire}: shape {a.shape}, but the samples' num_tokens "
                                 f"add up to {total}: every column must be 1-D of that length")
-    if len(a.data) != total * dt.itemsize:
-        raise InvalidTrajectory(f"{field.wire}: array of dtype {a.dtype} and shape {a.shape} "
-                                f"needs {total * dt.itemsize} bytes, got {len(a.data)}")
-    return np.frombuffer(a.data, dt)
+    return column
 
 
 def _widened(a: np.ndarray, field: TokenField) -> np.ndarray:
