@@ -135,13 +135,18 @@ class Actor:
         """Weight pulls over the weights socket (made with it, after the first Welcome)."""
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
-        self.grants: asyncio.Queue[m.LeaseGrant] = asyncio.Queue()
+        self.grants: asyncio.Queue[tuple[str, m.LeaseGrant]] = asyncio.Queue()
+        """Grants not taken by the work loop yet, with the learner run that granted them."""
+        self.held: dict[int, str] = {}
+        """Leases granted and whose result is not sent yet -> the learner run that granted
+        them (told to the learner in every Hello). A lease that left it is void."""
         self.built = asyncio.Event()
         """Set once the engine and agent exist."""
         self.news = asyncio.Event()
         """Set when the learner announces a newer version (or we joined a new learner)."""
         self.loaded = asyncio.Event()
-        """Set (and replaced) after every weight load; work waiting for a version waits on it."""
+        """Set (and replaced) after every weight load and every join; work waiting for a
+        version waits on it."""
         self.spans = SpanLog()
         """Where this actor's time went since its last heartbeat (sent with it)."""
         tasks: list[asyncio.Task] = []
@@ -186,7 +191,7 @@ class Actor:
     def _hello(self) -> bytes:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
                                        engine=self.cfg.actors.engine, incarnation=self.incarnation,
-                                       dtype=self.cfg.model.dtype))
+                                       dtype=self.cfg.model.dtype, leases_held=sorted(self.held)))
 
     async def _first_join(self) -> m.Welcome | None:
         """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
@@ -220,6 +225,13 @@ class Actor:
             self.puller.new_run()
             self.latest_version = msg.latest_version
             self.news.set()
+            # leases the run that died granted after the checkpoint this one resumed from
+            void = [i for i, run in self.held.items() if run != msg.run_id and i >= msg.lease_floor]
+            for i in void:
+                del self.held[i]
+            if void:
+                log.warning("learner run %s resumed from before %d of our leases were granted: "
+                            "dropping them (it grants their prompts again)", msg.run_id, len(void))
         else:
             self._announce(msg.latest_version)
         self.run_id = msg.run_id
@@ -227,6 +239,7 @@ class Actor:
                  msg.latest_version)
         self.last_heard = time.monotonic()
         self.link.joined()  # also wakes a work loop whose request the old learner took with it
+        self._wake_loaded()  # and one waiting for weights for leases that may now be void
 
     async def _rejoin(self, why: str) -> None:
         """The learner lost track of us (it restarted, or declared us dead): say Hello again."""
@@ -299,7 +312,9 @@ class Actor:
             match msg:
                 case m.LeaseGrant():
                     self._announce(msg.latest_version)
-                    self.grants.put_nowait(msg)
+                    for lease in msg.leases:
+                        self.held[lease.lease_id] = self.run_id
+                    self.grants.put_nowait((self.run_id, msg))
                 case m.VersionAnnounce(version=v) | m.HeartbeatAck(latest_version=v):
                     self._announce(v)
                 case m.Shutdown(reason=reason):
@@ -343,21 +358,26 @@ class Actor:
                 joins = self.link.joins
                 await self.control.send(self.enc.encode(m.WorkRequest(actor_id=self.actor_id,
                                                                       max_groups=want)))
-                grant = await self._next_grant(joins)
-            if grant is None:
+                got = await self._next_grant(joins)
+            if got is None:
                 continue  # the learner restarted while our request was parked: ask again
+            run, grant = got
             with self.spans.span("wait_weights"):
-                await self._weights_at_least(max(lease.min_version for lease in grant.leases))
+                leases = await self._weights_for(grant.leases, run)
             with self.spans.span("generate"):
-                results = await asyncio.gather(*(self._run_lease(lease)
-                                                 for lease in grant.leases))
+                results = await asyncio.gather(*(self._run_lease(lease) for lease in leases))
             with self.spans.span("send"):
                 for res in results:
+                    if self.held.get(res.lease_id) != run:
+                        log.warning("lease %d became void while it was generated (the learner "
+                                    "resumed from an earlier checkpoint): not sent", res.lease_id)
+                        continue
                     await self.trajectory.send(self.enc.encode(res))  # waits while learner is full
+                    del self.held[res.lease_id]
                     self.groups_done += 1
                     self.tokens_done += sum(x.num_tokens for x in res.samples)
 
-    async def _next_grant(self, joins: int) -> m.LeaseGrant | None:
+    async def _next_grant(self, joins: int) -> tuple[str, m.LeaseGrant] | None:
         """The grant answering our request, or None if we had to join again meanwhile."""
         get = asyncio.create_task(self.grants.get())
         again = asyncio.create_task(self.link.wait_join_after(joins))
@@ -380,14 +400,28 @@ class Actor:
                     newest = await self.puller.pull(self.client)
                 if newest is not None:  # we hold the learner's newest version already
                     self.latest_version = newest
-                self.loaded.set()
-                self.loaded = asyncio.Event()
+                self._wake_loaded()
             else:
                 await self.news.wait()
+
+    def _wake_loaded(self) -> None:
+        self.loaded.set()
+        self.loaded = asyncio.Event()
 
     async def _weights_at_least(self, version: int) -> None:
         """Wait until the engine holds weights >= `version` from the current learner."""
         while self.puller.stale or self.client.version < version:
+            await self.loaded.wait()
+
+    async def _weights_for(self, leases: list[m.Lease], run: str) -> list[m.Lease]:
+        """Wait until the engine holds weights for every lease of `leases` that is still ours
+        (granted by `run`, not void), and return those. A learner that resumed from a checkpoint
+        voids the leases granted after it, whose min_version it may never reach again."""
+        while True:
+            live = [lease for lease in leases if self.held.get(lease.lease_id) == run]
+            if not live or not (self.puller.stale or
+                                self.client.version < max(lease.min_version for lease in live)):
+                return live
             await self.loaded.wait()
 
     async def _run_lease(self, lease: m.Lease) -> m.GroupResult:

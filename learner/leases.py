@@ -10,6 +10,12 @@ trains on it by step `v + max_staleness`. With max_staleness = 0, the groups of 
 granted only once version `v` is published: synchronous PPO.
 
 Accounting invariant (in groups): granted = consumed + dropped + outstanding + buffered.
+
+After a restart from a checkpoint the leases outstanding in it stay outstanding, but only those
+an actor says it still holds (its Hello): the others were delivered to the run that died, whose
+training since the checkpoint is lost, so their prompts are granted again. Leases that run
+granted after the checkpoint are void: lease ids continue `RESUME_GAP` above the checkpoint's,
+so a late result of one can never be taken for a new lease with the same id.
 """
 
 from __future__ import annotations
@@ -17,12 +23,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from buffer.accounting import DropReason, Drops
 from tasks.base import Prompt, Task
 
 log = logging.getLogger(__name__)
+
+RESUME_GAP = 1 << 32
+"""How far a resumed run's lease ids start above its checkpoint's counter: more leases than the
+run that died could have granted after its checkpoint."""
 
 
 @dataclass
@@ -55,6 +66,10 @@ class LeaseTable:
         self.outstanding: dict[int, LeaseRecord] = {}
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
+        self.lease_floor = 0
+        """Leases of an earlier run with ids from here on are void in this one (`Welcome`)."""
+        self.void = range(0)
+        """Ids the run that died may have granted after the checkpoint this run resumed from."""
 
     def capacity(self, version: int) -> int:
         """How many more groups may be granted at `version`."""
@@ -91,6 +106,10 @@ class LeaseTable:
         self.completed += 1
         return rec
 
+    def is_void(self, lease_id: int) -> bool:
+        """Granted by the run that died, after the checkpoint this run resumed from."""
+        return lease_id in self.void
+
     def is_closed(self, lease_id: int) -> bool:
         """Granted once and no longer outstanding (completed, dropped or expired): a second
         result for it is a duplicate. Derived from the id counter, so it costs no memory and
@@ -102,11 +121,12 @@ class LeaseTable:
         self.outstanding.pop(rec.lease_id, None)
         self.drops.add(reason)
 
-    def expire_actor(self, actor_id: str, keep_incarnation: str | None = None) -> int:
-        """Expire the leases `actor_id` holds (except those of `keep_incarnation`); their
-        prompts are granted again. Returns the count."""
+    def expire_actor(self, actor_id: str, incarnation: str | None = None,
+                     held: Collection[int] = ()) -> int:
+        """Expire the leases granted to `actor_id` except those its process `incarnation` says
+        it holds (`held`, from its Hello); their prompts are granted again. Returns the count."""
         recs = [r for r in self.outstanding.values() if r.actor_id == actor_id
-                and (keep_incarnation is None or r.incarnation != keep_incarnation)]
+                and not (r.incarnation == incarnation and r.lease_id in held)]
         return self._expire(recs, f"actor {actor_id}")
 
     def expire_unclaimed(self, registered: set[str], granted_before: float) -> int:
@@ -135,10 +155,12 @@ class LeaseTable:
 
     def load_state(self, state: dict) -> None:
         """Restore from `state()`. Leases outstanding at the checkpoint stay outstanding: their
-        actors may still deliver (they reconnect on their own); unclaimed ones expire after
-        peer_timeout_s like any other (`expire_unclaimed`)."""
+        actors may still deliver (they reconnect on their own and say which they hold);
+        unclaimed ones expire after peer_timeout_s like any other (`expire_unclaimed`)."""
         self.cursor = state["cursor"]
-        self.next_lease_id = state["next_lease_id"]
+        self.lease_floor = state["next_lease_id"]
+        self.void = range(self.lease_floor, self.lease_floor + RESUME_GAP)
+        self.next_lease_id = self.lease_floor + RESUME_GAP
         self.granted = state["granted"]
         self.completed = state["completed"]
         self.drops.load(state["dropped"])

@@ -311,13 +311,14 @@ class LearnerServer(threading.Thread):
             self._reject("bad_actor_id", "actor_id must be 1..128 printable ASCII characters",
                          identity)
             return
-        # A restarted actor (same id, new incarnation) lost whatever its predecessor held; an
-        # actor that only reconnected (same incarnation) keeps its leases.
-        self.leases.expire_actor(msg.actor_id, keep_incarnation=msg.incarnation)
         st = self.actors.get(msg.actor_id)
         if st is not None and st.incarnation == msg.incarnation:
             st.identity, st.last_seen = identity, time.monotonic()  # a repeated Hello
         else:
+            # Registering: the actor keeps the leases its process says it holds. After a resume,
+            # the checkpoint's other leases for it went to the run that died (or were lost); a
+            # restarted actor (same id, new incarnation) holds none of its predecessor's.
+            self.leases.expire_actor(msg.actor_id, msg.incarnation, held=set(msg.leases_held))
             self.actors[msg.actor_id] = ActorState(identity=identity, last_seen=time.monotonic(),
                                                    incarnation=msg.incarnation)
         log.info("actor %s joined (engine %r); %d connected", msg.actor_id, msg.engine,
@@ -327,7 +328,7 @@ class LearnerServer(threading.Thread):
             trajectory_endpoint=self.endpoints["trajectory"],
             weights_endpoint=self.endpoints["weights"], latest_version=self.version,
             heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
-            model_files=self.model_files, run_id=self.run_id)
+            model_files=self.model_files, run_id=self.run_id, lease_floor=self.leases.lease_floor)
         self.control.send_multipart([identity, self._enc.encode(welcome)], zmq.NOBLOCK)
 
     def _on_registered(self, st: ActorState, msg) -> None:
@@ -398,7 +399,10 @@ class LearnerServer(threading.Thread):
             return None
         rec = self.leases.complete(msg.lease_id, msg.actor_id)
         if rec is None:
-            if self.leases.is_closed(msg.lease_id):
+            if self.leases.is_void(msg.lease_id):
+                self._reject("void_lease", f"lease {msg.lease_id} from {msg.actor_id!r} was granted "
+                             "after the checkpoint this learner resumed from")
+            elif self.leases.is_closed(msg.lease_id):
                 self._reject("duplicate", f"lease {msg.lease_id} from {msg.actor_id!r} was already "
                              "completed, dropped or expired")
             else:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import select
 import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ class Proc:
         """Block until a line matches `pattern`; fail if the process ends or time runs out."""
         rx = re.compile(pattern)
         seen = 0
+        deadline = time.monotonic() + timeout  # a process that keeps logging does not extend it
         with self.cond:
             while True:
                 for line in self.lines[seen:]:
@@ -54,7 +56,8 @@ class Proc:
                 seen = len(self.lines)
                 if self.eof:
                     raise AssertionError(f"process ended before {pattern!r}:\n{self.tail()}")
-                if not self.cond.wait(timeout=timeout):
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.cond.wait(timeout=left):
                     raise AssertionError(f"timed out waiting for {pattern!r}:\n{self.tail()}")
 
     def finish(self, timeout: float) -> int:

@@ -119,11 +119,34 @@ def test_lease_state_round_trip_keeps_outstanding_until_unclaimed():
     assert [r.prompt.prompt_id for r in fresh.grant("b", "i0", 3, 0)] == [1, 3]
 
 
-def test_reconnect_keeps_leases_restart_expires_them():
+def test_reconnect_keeps_the_leases_held_restart_expires_them():
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=0)
-    table.grant("a", "first", 2, version=0)
-    assert table.expire_actor("a", keep_incarnation="first") == 0
-    assert table.expire_actor("a", keep_incarnation="second") == 2
+    a, b, c = table.grant("a", "first", 3, version=0)
+    assert table.expire_actor("a", "first", held={a.lease_id, b.lease_id, c.lease_id}) == 0
+    assert table.expire_actor("a", "first", held={a.lease_id, b.lease_id}) == 1  # c: not held
+    assert table.expire_actor("a", "second", held={a.lease_id}) == 2  # a new process holds none
+    assert list(table.retry) == [c.prompt.prompt_id, a.prompt.prompt_id, b.prompt.prompt_id]
+
+
+def test_resume_voids_the_lease_ids_granted_after_the_checkpoint():
+    """The run that died granted leases after its checkpoint; the resumed run's ids start
+    RESUME_GAP above, so a late result of such a lease is void, never a new lease's."""
+    from learner.leases import RESUME_GAP
+
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
+    before = table.grant("a", "i0", 2, version=0)
+    checkpoint = table.state()
+    after = table.grant("a", "i0", 2, version=0)  # lost with the run that died
+    resumed = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
+    resumed.load_state(checkpoint)
+    assert resumed.lease_floor == 2 and [r.lease_id for r in before] == [0, 1]
+    new = resumed.grant("a", "i0", 2, version=0)
+    assert [r.lease_id for r in new] == [2 + RESUME_GAP, 3 + RESUME_GAP]
+    assert [r.prompt.prompt_id for r in new] == [r.prompt.prompt_id for r in after]  # again
+    for r in after:
+        assert resumed.is_void(r.lease_id) and resumed.complete(r.lease_id, "a") is None
+    assert not any(resumed.is_void(r.lease_id) for r in (*before, *new))
+    assert resumed.complete(before[0].lease_id, "a") is not None  # restored: still deliverable
 
 
 def test_reuse_serves_a_group_max_reuse_times_then_consumes_it():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -302,6 +304,77 @@ def test_learner_stop_leaves_no_orphan_actors(tmp_path, tiny_model_dir, sig):
         s = procs.summary(run)
         assert s["end_reason"] == "interrupted"
         assert (run / "checkpoints" / f"step_{s['steps']}").exists()
+
+
+def test_resumed_learner_keeps_only_the_leases_an_actor_still_holds(tmp_path, tiny_model_dir):
+    """After a restart from a checkpoint, an actor's Hello says which of the checkpoint's
+    leases it still holds: the others (delivered to the run that died, or lost) expire and their
+    prompts are granted again at once, under new lease ids; Welcome.lease_floor tells the actor
+    which of its old leases are void. (The resumed learner otherwise waited forever for leases
+    no actor held: tests/test_system.py's kill-and-resume test hung once under load.) The actor
+    is a scripted DEALER socket: the test decides exactly what it holds."""
+    from learner.leases import RESUME_GAP
+
+    run = tmp_path / "run"
+    args = ["actors.num_local=0", "learner.max_steps=50", "transport.peer_timeout_s=60"]
+    dec = m.Decoders().to_actor
+    enc = m.encoder()
+    ctx = zmq.Context()
+
+    def ask(sock, msg, want):
+        """Send `msg`, return the first `want` that comes back (within 60 s)."""
+        sock.send(enc.encode(msg))
+        deadline = time.monotonic() + 60
+        while (left := deadline - time.monotonic()) > 0 and sock.poll(left * 1000):
+            if isinstance(reply := dec.decode(sock.recv()), want):
+                return reply
+        raise AssertionError(f"no {want.__name__} from the learner within 60 s")
+
+    hello = dict(protocol_version=m.PROTOCOL_VERSION, actor_id="x", engine="hf", incarnation="i1")
+    lp = procs.learner(run, tiny_model_dir, *args)
+    lp2 = None
+    try:
+        lp.wait_for(r"learner listening", timeout=120)
+        ctl = ctx.socket(zmq.DEALER)
+        ctl.connect(json.loads((run / "endpoints.json").read_text())["control"])
+        assert ask(ctl, m.Hello(**hello), m.Welcome).lease_floor == 0
+        leases = ask(ctl, m.WorkRequest(actor_id="x", max_groups=4), m.LeaseGrant).leases
+        assert [x.lease_id for x in leases] == [0, 1, 2, 3]
+        lp.wait_for(r"v0 waiting for trajectories", timeout=120)  # in its loop: SIGTERM saves
+        lp.p.send_signal(signal.SIGTERM)  # checkpoint step_0: the four leases outstanding
+        assert lp.finish(timeout=120) == 0, lp.tail()
+        ctl.close(linger=0)
+
+        lp2 = procs.learner(run, tiny_model_dir, *args, "learner.resume=true")
+        lp2.wait_for(r"resumed from .*step_0 at v0 \(prompt cursor 4, 4 leases outstanding", 120)
+        lp2.wait_for(r"learner listening", timeout=120)
+        eps = json.loads((run / "endpoints.json").read_text())
+        ctl = ctx.socket(zmq.DEALER)
+        ctl.connect(eps["control"])
+        welcome = ask(ctl, m.Hello(**hello, leases_held=[1]), m.Welcome)  # 0, 2, 3 were sent
+        assert welcome.lease_floor == 4
+        lp2.wait_for(r"expired 3 lease\(s\) \(actor x\)", timeout=60)
+        again = ask(ctl, m.WorkRequest(actor_id="x", max_groups=3), m.LeaseGrant).leases
+        assert [x.lease_id for x in again] == [4 + RESUME_GAP, 5 + RESUME_GAP, 6 + RESUME_GAP]
+        assert [x.prompt_id for x in again] == [leases[i].prompt_id for i in (0, 2, 3)]
+        traj = ctx.socket(zmq.PUSH)
+        traj.connect(eps["trajectory"])
+        for lease_id in (2, 5):  # expired here; granted after the checkpoint (void)
+            traj.send(enc.encode(m.pack_group(lease_id=lease_id, actor_id="x", prompt_id=0,
+                                              samples=[], tokens=[])))
+        lp2.wait_for(r"rejected message #1 \(void_lease\): lease 5 ", timeout=60)
+        lp2.wait_for(r"v0 waiting for trajectories", timeout=120)
+        lp2.p.send_signal(signal.SIGTERM)
+        assert lp2.finish(timeout=120) == 0, lp2.tail()
+        s = procs.summary(run)
+        assert s["rejected_messages"] == {"duplicate": 1, "void_lease": 1}, s["rejected_messages"]
+        _check_accounting(s)
+        assert s["groups"]["outstanding"] == 4 and s["groups"]["dropped"] == {"expired": 3}
+    finally:
+        ctx.destroy(linger=0)
+        for p in (lp, lp2):
+            if p is not None:
+                p.kill()
 
 
 @pytest.mark.parametrize("lora", [[], ["learner.lora.rank=4", "learner.lora.alpha=8",

@@ -22,10 +22,11 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
-columnar (one Array per token column for the whole group; Sample.num_tokens)."""
+columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
+and Welcome.lease_floor (which leases survive a learner restart)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -78,6 +79,10 @@ class Hello(msgspec.Struct, tag="hello"):
     dtype: str = ""
     """The engine's compute dtype (`model.dtype`); the learner refuses one unlike its own
     ("" = not said, not checked)."""
+    leases_held: list[int] = []
+    """The leases this actor holds (granted, result not sent yet). The learner keeps exactly
+    these of the actor's outstanding leases and expires the rest (their prompts are granted
+    again): after a learner restart, those were delivered to the run that died, or lost."""
 
 
 class WorkRequest(msgspec.Struct, tag="work"):
@@ -140,6 +145,10 @@ class Welcome(msgspec.Struct, tag="welcome"):
     peer_timeout_s: float
     model_files: dict[str, bytes]
     run_id: str
+    lease_floor: int = 0
+    """Leases of an earlier learner run with `lease_id >= lease_floor` are void in this one:
+    it resumed from a checkpoint taken before they were granted (it grants their prompts
+    again), so an actor drops them. 0 for a run that resumed nothing: all earlier leases."""
 
 
 class Reject(msgspec.Struct, tag="reject"):
