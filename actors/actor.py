@@ -225,13 +225,14 @@ class Actor:
             self.puller.new_run()
             self.latest_version = msg.latest_version
             self.news.set()
-            # leases the run that died granted after the checkpoint this one resumed from
-            void = [i for i, run in self.held.items() if run != msg.run_id and i >= msg.lease_floor]
+            # leases of a run that died which this one did not keep: it grants their prompts again
+            kept = set(msg.leases_kept)
+            void = [i for i, run in self.held.items() if run != msg.run_id and i not in kept]
             for i in void:
                 del self.held[i]
             if void:
-                log.warning("learner run %s resumed from before %d of our leases were granted: "
-                            "dropping them (it grants their prompts again)", msg.run_id, len(void))
+                log.warning("learner run %s did not keep %d of our leases (granted after the "
+                            "checkpoint it resumed from): dropping them", msg.run_id, len(void))
         else:
             self._announce(msg.latest_version)
         self.run_id = msg.run_id
@@ -373,7 +374,8 @@ class Actor:
                                     "resumed from an earlier checkpoint): not sent", res.lease_id)
                         continue
                     await self.trajectory.send(self.enc.encode(res))  # waits while learner is full
-                    del self.held[res.lease_id]
+                    if self.held.get(res.lease_id) == run:  # (a new run may have voided it meanwhile)
+                        del self.held[res.lease_id]
                     self.groups_done += 1
                     self.tokens_done += sum(x.num_tokens for x in res.samples)
 

@@ -14,13 +14,14 @@ Accounting invariant (in groups): granted = consumed + dropped + outstanding + b
 After a restart from a checkpoint the leases outstanding in it stay outstanding, but only those
 an actor says it still holds (its Hello): the others were delivered to the run that died, whose
 training since the checkpoint is lost, so their prompts are granted again. Leases that run
-granted after the checkpoint are void: lease ids continue `RESUME_GAP` above the checkpoint's,
-so a late result of one can never be taken for a new lease with the same id.
+granted after the checkpoint are void: lease ids continue at least `RESUME_GAP` above the
+checkpoint's, so a late result of one can never be taken for a new lease with the same id.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Collection
@@ -32,8 +33,9 @@ from tasks.base import Prompt, Task
 log = logging.getLogger(__name__)
 
 RESUME_GAP = 1 << 32
-"""How far a resumed run's lease ids start above its checkpoint's counter: more leases than the
-run that died could have granted after its checkpoint."""
+"""A resumed run's lease ids start a random multiple (1 to 2^16) of this above its checkpoint's
+counter: above any id the run that died could have granted after its checkpoint, and apart from
+those of another run resumed from the same checkpoint."""
 
 
 @dataclass
@@ -67,7 +69,7 @@ class LeaseTable:
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
         self.lease_floor = 0
-        """Leases of an earlier run with ids from here on are void in this one (`Welcome`)."""
+        """The checkpoint's lease counter this run resumed from (0: none)."""
         self.void = range(0)
         """Ids the run that died may have granted after the checkpoint this run resumed from."""
 
@@ -105,6 +107,10 @@ class LeaseTable:
         del self.outstanding[lease_id]
         self.completed += 1
         return rec
+
+    def held_by(self, actor_id: str) -> list[int]:
+        """The ids of the leases outstanding for `actor_id`."""
+        return sorted(r.lease_id for r in self.outstanding.values() if r.actor_id == actor_id)
 
     def is_void(self, lease_id: int) -> bool:
         """Granted by the run that died, after the checkpoint this run resumed from."""
@@ -159,8 +165,9 @@ class LeaseTable:
         unclaimed ones expire after peer_timeout_s like any other (`expire_unclaimed`)."""
         self.cursor = state["cursor"]
         self.lease_floor = state["next_lease_id"]
-        self.void = range(self.lease_floor, self.lease_floor + RESUME_GAP)
-        self.next_lease_id = self.lease_floor + RESUME_GAP
+        start = self.lease_floor + RESUME_GAP * (1 + secrets.randbelow(1 << 16))
+        self.void = range(self.lease_floor, start)
+        self.next_lease_id = start
         self.granted = state["granted"]
         self.completed = state["completed"]
         self.drops.load(state["dropped"])

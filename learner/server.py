@@ -328,7 +328,8 @@ class LearnerServer(threading.Thread):
             trajectory_endpoint=self.endpoints["trajectory"],
             weights_endpoint=self.endpoints["weights"], latest_version=self.version,
             heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
-            model_files=self.model_files, run_id=self.run_id, lease_floor=self.leases.lease_floor)
+            model_files=self.model_files, run_id=self.run_id,
+            leases_kept=self.leases.held_by(msg.actor_id))
         self.control.send_multipart([identity, self._enc.encode(welcome)], zmq.NOBLOCK)
 
     def _on_registered(self, st: ActorState, msg) -> None:

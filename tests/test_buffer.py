@@ -129,8 +129,9 @@ def test_reconnect_keeps_the_leases_held_restart_expires_them():
 
 
 def test_resume_voids_the_lease_ids_granted_after_the_checkpoint():
-    """The run that died granted leases after its checkpoint; the resumed run's ids start
-    RESUME_GAP above, so a late result of such a lease is void, never a new lease's."""
+    """The run that died granted leases after its checkpoint; the resumed run's ids start a
+    random multiple of RESUME_GAP above, so a late result of such a lease is void, never a new
+    lease's (nor one of another run resumed from the same checkpoint)."""
     from learner.leases import RESUME_GAP
 
     table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
@@ -141,7 +142,12 @@ def test_resume_voids_the_lease_ids_granted_after_the_checkpoint():
     resumed.load_state(checkpoint)
     assert resumed.lease_floor == 2 and [r.lease_id for r in before] == [0, 1]
     new = resumed.grant("a", "i0", 2, version=0)
-    assert [r.lease_id for r in new] == [2 + RESUME_GAP, 3 + RESUME_GAP]
+    first = new[0].lease_id
+    assert first >= 2 + RESUME_GAP and (first - 2) % RESUME_GAP == 0 and new[1].lease_id == first + 1
+    twin = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
+    twin.load_state(checkpoint)  # a second run resumed from the same checkpoint: its own ids
+    assert twin.grant("a", "i0", 1, version=0)[0].lease_id != first
+    assert resumed.held_by("a") == [0, 1, first, first + 1]
     assert [r.prompt.prompt_id for r in new] == [r.prompt.prompt_id for r in after]  # again
     for r in after:
         assert resumed.is_void(r.lease_id) and resumed.complete(r.lease_id, "a") is None

@@ -220,7 +220,7 @@ def test_two_rank_learner_interrupted_then_resumed(tmp_path, tiny_model_dir):
     first = procs.Proc(_learner_cmd(run, tiny_model_dir, "learner.max_steps=200",
                                     "learner.log_every=1"), tmp_path / "first.log")
     try:
-        first.wait_for(r"step 4/200", timeout=180)
+        first.wait_for(r"step 4/200", timeout=360)
         first.p.send_signal(signal.SIGINT)  # torchrun passes it on to both ranks
         first.finish(timeout=120)
     finally:

@@ -136,7 +136,7 @@ def test_partition_shorter_than_peer_timeout_drops_nothing(hosts, tmp_path, tiny
     with hosts.partition() as held:
         time.sleep(down_s)  # the fault itself: the link stays down for a measured time
     t_up = time.monotonic()
-    lp.wait_for(rf"step {steps}/{steps}", timeout=120)
+    lp.wait_for(rf"step {steps}/{steps}", timeout=240)
     s = _finish(lp, actors, run, steps)
     assert held["seconds"] < timeout_s
     assert s["groups"]["dropped"] == {} and s["rejected_messages"] == {}, s

@@ -68,7 +68,7 @@ def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_di
     lp.wait_for("learner listening", timeout=120)
     ap = procs.actor(run, "v0")
     try:
-        ap.wait_for(r"loaded weights v\d+", timeout=300)
+        ap.wait_for(r"loaded weights v\d+", timeout=600)
         kids = psutil.Process(ap.p.pid).children(recursive=True)
         assert any("VLLM" in k.name() for k in kids), [k.name() for k in kids]
         ap.kill()

@@ -26,7 +26,7 @@ PROTOCOL_VERSION = 5
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
-and Welcome.lease_floor (which leases survive a learner restart)."""
+and Welcome.leases_kept (which leases survive a learner restart)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -145,10 +145,11 @@ class Welcome(msgspec.Struct, tag="welcome"):
     peer_timeout_s: float
     model_files: dict[str, bytes]
     run_id: str
-    lease_floor: int = 0
-    """Leases of an earlier learner run with `lease_id >= lease_floor` are void in this one:
-    it resumed from a checkpoint taken before they were granted (it grants their prompts
-    again), so an actor drops them. 0 for a run that resumed nothing: all earlier leases."""
+    leases_kept: list[int] = []
+    """This actor's leases that this learner run kept (of its Hello's `leases_held`). An actor
+    that joins a new run drops every other lease of an earlier run: that run died, and this one
+    grants their prompts again (it resumed from a checkpoint taken before they were granted, or
+    from none)."""
 
 
 class Reject(msgspec.Struct, tag="reject"):
