@@ -68,10 +68,9 @@ class LeaseTable:
         self.outstanding: dict[int, LeaseRecord] = {}
         self.retry: deque[int] = deque()
         """Prompt indices whose lease expired: granted again before fresh prompts."""
-        self.lease_floor = 0
-        """The checkpoint's lease counter this run resumed from (0: none)."""
         self.void = range(0)
-        """Ids the run that died may have granted after the checkpoint this run resumed from."""
+        """Ids the run that died may have granted after the checkpoint this run resumed from
+        (from that checkpoint's lease counter up to this run's first id)."""
 
     def capacity(self, version: int) -> int:
         """How many more groups may be granted at `version`."""
@@ -164,10 +163,9 @@ class LeaseTable:
         actors may still deliver (they reconnect on their own and say which they hold);
         unclaimed ones expire after peer_timeout_s like any other (`expire_unclaimed`)."""
         self.cursor = state["cursor"]
-        self.lease_floor = state["next_lease_id"]
-        start = self.lease_floor + RESUME_GAP * (1 + secrets.randbelow(1 << 16))
-        self.void = range(self.lease_floor, start)
-        self.next_lease_id = start
+        floor = state["next_lease_id"]
+        self.next_lease_id = floor + RESUME_GAP * (1 + secrets.randbelow(1 << 16))
+        self.void = range(floor, self.next_lease_id)
         self.granted = state["granted"]
         self.completed = state["completed"]
         self.drops.load(state["dropped"])

@@ -140,7 +140,7 @@ def test_resume_voids_the_lease_ids_granted_after_the_checkpoint():
     after = table.grant("a", "i0", 2, version=0)  # lost with the run that died
     resumed = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2)
     resumed.load_state(checkpoint)
-    assert resumed.lease_floor == 2 and [r.lease_id for r in before] == [0, 1]
+    assert resumed.void.start == 2 and [r.lease_id for r in before] == [0, 1]
     new = resumed.grant("a", "i0", 2, version=0)
     first = new[0].lease_id
     assert first >= 2 + RESUME_GAP and (first - 2) % RESUME_GAP == 0 and new[1].lease_id == first + 1
