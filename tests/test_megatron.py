@@ -524,12 +524,15 @@ def test_hf_export_loads_into_vllm(megatron_runs):
     assert worst < 1e-3, worst
 
 
-E2E_STEPS = 300
-"""200 steps measured 0.795 held-out here, 300 steps 0.934 (the single-process toy test also runs 300)."""
+E2E_STEPS = 500
+"""The preset's budget, as for every toy learning test; the run ends sooner once learned
+(procs.UNTIL_LEARNED). With a fixed 300 steps it measured 0.934 and, once (2026-12-03, under
+the whole suite's load), 0.768 held-out: its sampled reward had reached only 0.78."""
 
 
 @pytest.mark.megatron
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_tp2_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
     """The whole learner under torchrun with TP = 2 (rank 0 owns the sockets, rank 1 follows)
     and two HF actors trains the toy task to a held-out reward >= 0.8."""
@@ -537,13 +540,16 @@ def test_tp2_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
     lp = procs.Proc(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                      "-m", "learner", "-c", str(procs.ROOT / "configs" / "toy_reverse_megatron.yaml"),
                      f"run_dir={run}", f"model.path={tiny_model_dir}",
-                     f"learner.max_steps={E2E_STEPS}", "learner.checkpoint_every=0"],
+                     f"learner.max_steps={E2E_STEPS}", "learner.checkpoint_every=0",
+                     procs.UNTIL_LEARNED],
                     tmp_path / "learner.log")
-    s = procs.finish_clean(lp, run, E2E_STEPS, timeout=500)
+    s = procs.finish_clean(lp, run, E2E_STEPS, timeout=1000)
     assert s["eval_reward_start"] <= 0.45, s
+    print(f"Megatron TP2: held-out {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f} in "
+          f"{s['steps']} steps ({s['end_reason']}), {s['wall_seconds']:.0f} s")
     assert s["eval_reward_end"] >= 0.8, s
-    assert f"rank 1: stop after {E2E_STEPS} steps" in "".join(lp.lines)
-    meta = json.loads((run / "checkpoints" / f"step_{E2E_STEPS}" / "backend.json").read_text())
+    assert f"rank 1: stop after {s['steps']} steps" in "".join(lp.lines)
+    meta = json.loads((run / "checkpoints" / f"step_{s['steps']}" / "backend.json").read_text())
     assert meta["backend"] == "megatron" and meta["tp"] == 2
     assert (run / "final_model" / "model.safetensors").exists()
 

@@ -225,8 +225,11 @@ def test_fuzzed_frames_on_every_socket_are_counted_and_training_goes_on(tmp_path
 @pytest.mark.slow
 def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=300",
-                            "learner.checkpoint_every=0", "learner.trace_steps=3")
+    s, _ = procs.run_inproc(run, tiny_model_dir, "learner.checkpoint_every=0",
+                            "learner.trace_steps=3", procs.UNTIL_LEARNED)
+    print(f"toy, 2 HF actors: held-out {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}"
+          f" in {s['steps']} steps ({s['end_reason']}), {s['wall_seconds']:.0f} s")
+    assert procs.trained(s, 500), s
     assert s["eval_reward_start"] <= 0.45
     assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
     _check_accounting(s)

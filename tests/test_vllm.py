@@ -32,6 +32,7 @@ def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
     """The #2 bar (same thresholds as test_system's HF run), with two vLLM actor processes
     taking every new version in flight (update_mode keep)."""
@@ -39,10 +40,13 @@ def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
 
     run = tmp_path / "run"
     lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.update_mode=keep",
-                       "actors.vllm_kv_cache_gb=0.25", "learner.max_steps=300",
-                       "learner.checkpoint_every=0")
+                       "actors.vllm_kv_cache_gb=0.25", "learner.checkpoint_every=0",
+                       procs.UNTIL_LEARNED)
     assert lp.finish(timeout=900) == 0, lp.tail()
     s = procs.summary(run)
+    print(f"toy, 2 vLLM actors: held-out {s['eval_reward_start']:.3f} -> {s['eval_reward_end']:.3f}"
+          f" in {s['steps']} steps ({s['end_reason']}), {s['wall_seconds']:.0f} s")
+    assert procs.trained(s, 500), s
     assert s["eval_reward_start"] <= 0.45
     assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
     assert s["accounting_ok"], s["groups"]

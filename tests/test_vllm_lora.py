@@ -103,13 +103,14 @@ def test_adapter_on_the_tied_head_matches_learner(engine, tiny_model_dir):
 @pytest.mark.timeout(1800)
 def test_lora_preset_learns_the_toy_task_with_two_vllm_actors(tmp_path, tiny_model_dir):
     """The whole path and the learning bar: configs/toy_reverse_lora_vllm.yaml (rank-8
-    adapters on the seven projections and the tied head, 500 steps, 2 vLLM actor processes)
+    adapters on the seven projections and the tied head, 2 vLLM actor processes, 500 steps
+    or until learned: procs.UNTIL_LEARNED)
     reaches a held-out reward >= 0.8; each actor loads the base once and then only adapters,
     and the run finishes with its accounting balanced."""
     import procs
 
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "learner.checkpoint_every=0",
+    lp = procs.learner(run, tiny_model_dir, "learner.checkpoint_every=0", procs.UNTIL_LEARNED,
                        preset=procs.ROOT / "configs" / "toy_reverse_lora_vllm.yaml")
     s = procs.finish_clean(lp, run, steps=500, timeout=1700)
     print("LoRA preset, 2 vLLM actors: held-out", s["eval_reward_start"], "->",
