@@ -156,6 +156,10 @@ class Leader:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda signum, frame: self._interrupted.set())
 
+    def request_stop(self) -> None:
+        """Make the next check_interrupt raise (a signal that must not cut start-up short)."""
+        self._interrupted.set()
+
     def check_interrupt(self) -> None:
         """Raise KeyboardInterrupt if a signal arrived (multi-rank: between steps only)."""
         if self._interrupted.is_set():

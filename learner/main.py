@@ -90,9 +90,9 @@ def run(cfg: TetherConfig) -> dict | None:
         distributed.close(ranks)
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
-    with _sigterm_interrupts():  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
+    with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
         state = start(cfg, team, tokenizer, checkpoint, actor_cpus)
-        reason = train(cfg, team, state)
+        reason = train(cfg, team, state, sigterm)
         summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
     return summary
@@ -176,15 +176,19 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                      eval_start=eval_start, version=version, packed=packed)
 
 
-def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
+def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState,
+          sigterm: _Sigterm | None = None) -> str:
     """Take a batch, step, gather and announce the new version, until learner.max_steps (or
     learner.max_train_minutes, or learner.stop_at_reward); returns why it ended ("finished",
-    "time_limit", "reward_reached" or "interrupted"). Stops the server and actors."""
+    "time_limit", "reward_reached" or "interrupted"). Stops the server and actors. `sigterm`:
+    a SIGTERM raises KeyboardInterrupt only while this runs (see _sigterm_interrupts)."""
     run_dir = Path(cfg.run_dir)
     reason = "finished"
     deadline = (time.monotonic() + 60 * cfg.learner.max_train_minutes
                 if cfg.learner.max_train_minutes else float("inf"))
     try:
+        if sigterm is not None:  # several ranks: only between steps (they meet in collectives)
+            sigterm.raising = team.ranks.world == 1
         tl = team.trainer.timeline
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
@@ -223,6 +227,8 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState) -> str:
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
     finally:
+        if sigterm is not None:
+            sigterm.raising = False
         st.server.stop(reason)
         st.buffer.close()
         st.metrics.close()
@@ -291,23 +297,39 @@ def _log_summary(summary: dict) -> None:
              summary["rejected_messages"])
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM raises KeyboardInterrupt like Ctrl-C (main thread only: an in-process learner
-    started from another thread keeps the process's handler)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+@dataclass
+class _Sigterm:
+    """The learner's SIGTERM handler. While a single-rank `train` runs (`raising`), SIGTERM
+    raises KeyboardInterrupt like Ctrl-C: train checkpoints, stops the actors, and the run
+    finishes. Otherwise it only asks the team to stop, and train stops before its next step:
+    during start-up (which completes, so it cannot leave a half-bound server or half-started
+    actors behind), with several ranks (which must not leave a collective half-done), and
+    during finish (itself the orderly end, where the request changes nothing)."""
 
-    def interrupt(signum, frame):
+    team: distributed.Leader
+    raising: bool = False
+
+    def __call__(self, signum, frame) -> None:
         # Once: under torchrun and Slurm a cancel sends SIGTERM twice (slurmd to every process
         # of the step, torchrun to its workers); a second one must not cut the checkpoint short.
         signal.signal(signum, signal.SIG_IGN)
-        raise KeyboardInterrupt(f"signal {signum}")
+        self.team.request_stop()
+        if self.raising:
+            raise KeyboardInterrupt(f"signal {signum}")
+        log.warning("signal %d during start-up or finish: no further step will run", signum)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+
+@contextlib.contextmanager
+def _sigterm_interrupts(team: distributed.Leader):
+    """Install _Sigterm for the run (main thread only: an in-process learner started from
+    another thread keeps the process's handler, and gets None)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    handler = _Sigterm(team)
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield handler
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -309,6 +309,69 @@ def test_learner_stop_leaves_no_orphan_actors(tmp_path, tiny_model_dir, sig):
         assert (run / "checkpoints" / f"step_{s['steps']}").exists()
 
 
+GATED_REWARD = """
+import os
+
+GATE = {gate!r}
+
+
+def reward(completion, completion_ids, label, metadata):
+    # The first call (the learner's held-out evaluation, in start-up) meets the test at the
+    # FIFO `ready`, then blocks on the FIFO `gate` until the test opens it; later calls score.
+    if not os.path.exists(os.path.join(GATE, "first")):
+        os.mkdir(os.path.join(GATE, "first"))
+        open(os.path.join(GATE, "ready"), "w").close()
+        open(os.path.join(GATE, "gate")).read()
+    return sum(a == b for a, b in zip(completion.split(), label)) / 4
+"""
+
+
+def test_sigterm_during_start_up_stops_the_run_cleanly_before_its_first_step(tmp_path,
+                                                                              tiny_model_dir):
+    """A SIGTERM (Slurm's scancel, a supervisor) while the learner is still starting: start-up
+    completes, no step runs, the run ends as an interrupted one (checkpoint, summary, exit 0)
+    and its local actors exit. (It used to raise KeyboardInterrupt out of start-up: a traceback,
+    exit -2, no summary.) The learner's start-up evaluation is held at a FIFO by the reward
+    function, so the signal arrives in start-up every time."""
+    import os
+
+    import psutil
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    for fifo in ("ready", "gate"):
+        os.mkfifo(gate / fifo)
+    (tmp_path / "gated_reward.py").write_text(GATED_REWARD.format(gate=str(gate)))
+    rng = np.random.default_rng(0)
+    data = tmp_path / "rev.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "rev " + " ".join(n) + " =", "label": n[::-1]})
+                            + "\n" for n in (str(k).zfill(4) for k in rng.choice(10_000, 100,
+                                                                                  replace=False))))
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "task.name=data", f"task.data_path={data}",
+                       f"task.reward={tmp_path / 'gated_reward.py'}:reward",
+                       "task.reward_timeout_s=300", "task.eval_prompts=8")
+    try:
+        with open(gate / "ready"):  # blocks until the evaluation's first reward call opens it
+            pass
+        lp.p.send_signal(signal.SIGTERM)
+        lp.wait_for("signal 15 during start-up", timeout=60)
+        with open(gate / "gate", "w"):  # releases the evaluation
+            pass
+        assert lp.finish(timeout=300) == 0, lp.tail()
+    finally:
+        lp.kill()
+    out = "".join(lp.lines)
+    assert "Traceback" not in out, lp.tail()
+    assert "learner listening" in out and "interrupted at v0" in out, lp.tail()
+    s = procs.summary(run)
+    assert s["end_reason"] == "interrupted" and s["steps"] == 0 and s["accounting_ok"], s
+    assert (run / "checkpoints" / "step_0").exists()
+    left = [q.pid for q in psutil.process_iter(["cmdline"])
+            if any(str(run) in part for part in (q.info["cmdline"] or []))]
+    assert all(procs.wait_pid_exit(pid, timeout=60) for pid in left), left
+
+
 def test_resumed_learner_keeps_only_the_leases_an_actor_still_holds(tmp_path, tiny_model_dir):
     """After a restart from a checkpoint, an actor's Hello says which of the checkpoint's
     leases it still holds: the others (delivered to the run that died, or lost) expire and their
