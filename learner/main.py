@@ -308,15 +308,19 @@ class _Sigterm:
 
     team: distributed.Leader
     raising: bool = False
+    received: bool = False
 
     def __call__(self, signum, frame) -> None:
         # Once: under torchrun and Slurm a cancel sends SIGTERM twice (slurmd to every process
         # of the step, torchrun to its workers); a second one must not cut the checkpoint short.
-        signal.signal(signum, signal.SIG_IGN)
+        # (Not SIG_IGN: actors started after it, in start-up, would inherit it.)
+        if self.received:
+            return
+        self.received = True
         self.team.request_stop()
         if self.raising:
             raise KeyboardInterrupt(f"signal {signum}")
-        log.warning("signal %d during start-up or finish: no further step will run", signum)
+        log.warning("signal %d: stopping before the next step", signum)
 
 
 @contextlib.contextmanager
