@@ -361,6 +361,9 @@ def test_sigterm_during_start_up_stops_the_run_cleanly_before_its_first_step(tmp
         assert lp.finish(timeout=300) == 0, lp.tail()
     finally:
         lp.kill()
+        # a failed run leaves its reward worker waiting at the gate: open and close it, so the
+        # worker reads EOF and ends (O_RDWR never blocks on a FIFO)
+        os.close(os.open(gate / "gate", os.O_RDWR))
     out = "".join(lp.lines)
     assert "Traceback" not in out, lp.tail()
     assert "interrupted at v0" in out, lp.tail()
