@@ -160,6 +160,9 @@ class Leader:
         """Make the next check_interrupt raise (a signal that must not cut start-up short)."""
         self._interrupted.set()
 
+    def stop_requested(self) -> bool:
+        return self._interrupted.is_set()
+
     def check_interrupt(self) -> None:
         """Raise KeyboardInterrupt if a signal arrived (multi-rank: between steps only)."""
         if self._interrupted.is_set():

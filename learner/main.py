@@ -176,8 +176,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                      eval_start=eval_start, version=version, packed=packed)
 
 
-def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState,
-          sigterm: _Sigterm | None = None) -> str:
+def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
     """Take a batch, step, gather and announce the new version, until learner.max_steps (or
     learner.max_train_minutes, or learner.stop_at_reward); returns why it ended ("finished",
     "time_limit", "reward_reached" or "interrupted"). Stops the server and actors. `sigterm`:
@@ -187,8 +186,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState,
     deadline = (time.monotonic() + 60 * cfg.learner.max_train_minutes
                 if cfg.learner.max_train_minutes else float("inf"))
     try:
-        if sigterm is not None:  # several ranks: only between steps (they meet in collectives)
-            sigterm.raising = team.ranks.world == 1
+        sigterm.raising = team.ranks.world == 1  # several ranks: between steps (collectives)
         tl = team.trainer.timeline
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
@@ -227,8 +225,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState,
         reason = "interrupted"
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
     finally:
-        if sigterm is not None:
-            sigterm.raising = False
+        sigterm.raising = False
         st.server.stop(reason)
         st.buffer.close()
         st.metrics.close()
@@ -308,15 +305,13 @@ class _Sigterm:
 
     team: distributed.Leader
     raising: bool = False
-    received: bool = False
 
     def __call__(self, signum, frame) -> None:
         # Once: under torchrun and Slurm a cancel sends SIGTERM twice (slurmd to every process
         # of the step, torchrun to its workers); a second one must not cut the checkpoint short.
         # (Not SIG_IGN: actors started after it, in start-up, would inherit it.)
-        if self.received:
+        if self.team.stop_requested():
             return
-        self.received = True
         self.team.request_stop()
         if self.raising:
             raise KeyboardInterrupt(f"signal {signum}")
@@ -326,11 +321,11 @@ class _Sigterm:
 @contextlib.contextmanager
 def _sigterm_interrupts(team: distributed.Leader):
     """Install _Sigterm for the run (main thread only: an in-process learner started from
-    another thread keeps the process's handler, and gets None)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield None
-        return
+    another thread keeps the process's handler; its _Sigterm is never called)."""
     handler = _Sigterm(team)
+    if threading.current_thread() is not threading.main_thread():
+        yield handler
+        return
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield handler
