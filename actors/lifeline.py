@@ -1,30 +1,11 @@
-"""Engine processes end when the actor that owns them ends, however it ends (SIGKILL included).
-
-PR_SET_PDEATHSIG is not enough: it fires when the *thread* that started a child exits, not the
-process, and an engine's own process tree can start children from threads that end early. A pidfd
-on the actor does not depend on who started whom: it becomes readable once the actor has exited.
-"""
+"""vLLM's processes end when the actor that owns them ends, however it ends (SIGKILL included):
+a vLLM plugin (below) makes each of them `die_with` the actor (transport/lifeline.py)."""
 
 from __future__ import annotations
 
 import os
-import select
-import signal
-import threading
 
-
-def die_with(pid: int, also: tuple[int, ...] = ()) -> None:
-    """SIGKILL the processes `also`, then end this one, once process `pid` has exited.
-    Returns at once (a daemon thread waits); if `pid` has already exited, this process ends now."""
-    fd = os.pidfd_open(pid)  # ProcessLookupError if `pid` is gone: the caller is orphaned already
-
-    def watch() -> None:
-        select.select([fd], [], [])  # readable once `pid` has exited
-        for other in also:
-            os.kill(other, signal.SIGKILL)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tether-die-with-actor", daemon=True).start()
+from transport.lifeline import die_with
 
 
 VLLM_ACTOR_PID = "TETHER_VLLM_ACTOR_PID"

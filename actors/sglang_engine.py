@@ -47,7 +47,7 @@ from typing import Callable
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
-from actors.lifeline import die_with
+from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
 

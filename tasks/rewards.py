@@ -15,7 +15,9 @@ signals, C libraries or its own event loop and cannot crash or block the actor).
 runs past `task.reward_timeout_s` has its worker killed and replaced; a call that raises, or
 returns something that is not a finite number / a dict with a finite `score`, is an error. Both
 score 0 and the rollout is kept; every result carries the flags `reward_timeout` and
-`reward_error` (0 or 1), so the learner's sums account for every call.
+`reward_error` (0 or 1), so the learner's sums account for every call. A worker ends with the
+process that started it (an actor, or the learner for its evaluations), also when that one is
+SIGKILLed while a reward hangs (transport/lifeline.py).
 
 Calls reach the workers over a local multiprocessing pipe (pickled arguments: the completion,
 its ids, the row's label and metadata), between this process and its own children only; nothing
@@ -32,12 +34,15 @@ import inspect
 import logging
 import math
 import multiprocessing
+import os
 import queue
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +103,11 @@ def _call(fn: Callable, args: tuple, kwargs: dict) -> Any:
     return asyncio.run(out) if inspect.isawaitable(out) else out
 
 
-def _worker_main(conn, spec: str, kwargs: dict) -> None:
-    """A reward worker: load the function once, then answer calls until the pipe closes."""
+def _worker_main(conn, spec: str, kwargs: dict, owner: int) -> None:
+    """A reward worker: load the function once, then answer calls until the pipe closes. It
+    ends with the process `owner` that started it, even while it is stuck in a reward (a closed
+    pipe is only noticed between calls)."""
+    die_with(owner)
     fn = load_function(spec, "task.reward")
     conn.send(("ready", None))
     while True:
@@ -120,8 +128,8 @@ STARTUP_S = 120.0
 class _Worker:
     def __init__(self, ctx, spec: str, kwargs: dict) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec, kwargs), daemon=True,
-                                name="tether-reward")
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec, kwargs, os.getpid()),
+                                daemon=True, name="tether-reward")
         self.proc.start()
         child.close()
         self.ready = False

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tasks import builtin_rewards as br
 from tasks.rewards import RewardPool, load_function, normalize
+
+ROOT = Path(__file__).resolve().parents[1]
 
 USER_REWARDS = '''
 import asyncio, os, time
@@ -197,3 +204,54 @@ def test_learner_run_goes_on_with_hanging_and_raising_rewards(tmp_path, tiny_mod
     assert sc["ok"] + sc["reward_timeout"] + sc["reward_error"] == sc["samples"]
     assert sc["reward_timeout"] >= 4 and sc["reward_error"] >= 4, sc  # whole groups of 4
     assert s["groups"]["consumed"] == steps * 4
+
+
+STUCK_REWARD = '''
+import os, time
+
+def stuck(completion, completion_ids, label, metadata):
+    """Tell the test this worker's pid (at the FIFO in metadata), then hang."""
+    with open(metadata["fifo"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+'''
+
+OWNER = '''
+import asyncio, sys
+from tasks.rewards import RewardPool
+pool = RewardPool(sys.argv[1] + ":stuck", {}, workers=1, timeout_s=3600)
+asyncio.run(pool.score("x", [1], 0, {"fifo": sys.argv[2]}))
+'''
+
+
+def test_a_worker_stuck_in_a_reward_ends_when_its_owner_is_sigkilled(tmp_path):
+    """The process that owns the pool (an actor, or the learner) is SIGKILLed while its worker
+    hangs in a reward: the worker ends too, instead of hanging on as an orphan."""
+    (tmp_path / "stuck.py").write_text(STUCK_REWARD)
+    fifo = tmp_path / "worker-pid"
+    os.mkfifo(fifo)
+    rd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # before the owner starts: no writer blocks
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "stuck.py"), str(fifo)],
+                             cwd=ROOT)
+    worker = None
+    try:
+        assert select.select([rd], [], [], 120)[0], "the reward never started"
+        worker = int(os.read(rd, 64))
+        owner.kill()
+        owner.wait()
+        fd = os.pidfd_open(worker)
+        assert select.select([fd], [], [], 30)[0], f"reward worker {worker} outlived its owner"
+        os.close(fd)
+    finally:
+        owner.kill()
+        os.close(rd)
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
