@@ -138,8 +138,8 @@ class VLLMEngine:
             version = self.version
             params = SamplingParams(
                 max_tokens=max_new_tokens - len(ids), temperature=temperature, logprobs=0,
-                seed=versioned_seed(seed + len(ids), version),
-                output_kind=RequestOutputKind.DELTA)
+                seed=versioned_seed(seed + len(ids), version), detokenize=False,
+                output_kind=RequestOutputKind.DELTA)  # token ids only: agents decode themselves
             final = None
             lora = self._adapter
             if lora is not None:
