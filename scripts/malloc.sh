@@ -13,9 +13,8 @@ _tether_tcmalloc() {
   local lib
   for lib in /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 \
              /usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4; do
-    [ -f "$lib" ] && { echo "$lib"; return 0; }
+    [ -f "$lib" ] && { echo "$lib"; return; }
   done
-  return 0  # none: glibc's malloc (and no failure under `set -e`)
 }
 if [ "${1:-}" = "--find" ]; then
   _tether_tcmalloc
