@@ -17,7 +17,6 @@ if [ "$model" != "-" ]; then
   .venv/bin/python -m models.fetch "$model" >/dev/null
 fi
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-source scripts/malloc.sh  # tcmalloc where it is installed (scripts/env_system.sh; why: there)
 .venv/bin/python -m learner -c "$preset" "$@"
 echo "summary: $run_dir/summary.json"
 cat "$run_dir/summary.json"

@@ -17,14 +17,4 @@ apt_install() {  # apt_install PACKAGE BINARY
 
 # bubblewrap: the python tool's sandbox (actors/sandbox.py)
 apt_install bubblewrap bwrap
-
-# tcmalloc: the allocator scripts/malloc.sh preloads (vLLM's advice for CPU; see there)
-if [ -z "$(bash scripts/malloc.sh --find)" ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
-  if command -v apt-get >/dev/null && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
-    echo "[env] installing libtcmalloc-minimal4 (apt-get)" >&2
-    $sudo apt-get update -qq >/dev/null && $sudo apt-get install -y -qq libtcmalloc-minimal4 >/dev/null
-  fi
-fi
 exit 0
