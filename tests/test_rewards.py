@@ -10,14 +10,11 @@ import select
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tasks import builtin_rewards as br
 from tasks.rewards import RewardPool, load_function, normalize
-
-ROOT = Path(__file__).resolve().parents[1]
 
 USER_REWARDS = '''
 import asyncio, os, time
@@ -227,31 +224,23 @@ asyncio.run(pool.score("x", [1], 0, {"fifo": sys.argv[2]}))
 def test_a_worker_stuck_in_a_reward_ends_when_its_owner_is_sigkilled(tmp_path):
     """The process that owns the pool (an actor, or the learner) is SIGKILLed while its worker
     hangs in a reward: the worker ends too, instead of hanging on as an orphan."""
+    import procs
+
     (tmp_path / "stuck.py").write_text(STUCK_REWARD)
     fifo = tmp_path / "worker-pid"
     os.mkfifo(fifo)
     rd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # before the owner starts: no writer blocks
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "stuck.py"), str(fifo)],
-                             cwd=ROOT)
+                             cwd=procs.ROOT)
     worker = None
     try:
         assert select.select([rd], [], [], 120)[0], "the reward never started"
         worker = int(os.read(rd, 64))
         owner.kill()
         owner.wait()
-        fd = os.pidfd_open(worker)
-        assert select.select([fd], [], [], 30)[0], f"reward worker {worker} outlived its owner"
-        os.close(fd)
+        assert procs.wait_pid_exit(worker, timeout=30), f"reward worker {worker} outlived its owner"
     finally:
         owner.kill()
         os.close(rd)
-        if worker is not None and _alive(worker):
+        if worker is not None and not procs.wait_pid_exit(worker, timeout=0):
             os.kill(worker, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import threading
 
 
-def die_with(pid: int, also: tuple[int, ...] = ()) -> None:
-    """SIGKILL the processes `also`, then end this one, once process `pid` has exited.
-    Returns at once (a daemon thread waits); if `pid` has already exited, this process ends now."""
-    fd = os.pidfd_open(pid)  # ProcessLookupError if `pid` is gone: the caller is orphaned already
+def die_with(pid: int) -> None:
+    """End this process once process `pid` has exited. Returns at once (a daemon thread
+    waits); raises ProcessLookupError if `pid` is already gone (the caller is orphaned)."""
+    fd = os.pidfd_open(pid)
 
     def watch() -> None:
         select.select([fd], [], [])  # readable once `pid` has exited
-        for other in also:
-            os.kill(other, signal.SIGKILL)
         os._exit(1)
 
     threading.Thread(target=watch, name="tether-die-with", daemon=True).start()
