@@ -14,7 +14,9 @@ import socket
 import sys
 from pathlib import Path
 
+from actors.scratch import scratch_dir
 from configs.loader import ConfigError, describe, load_config, setup_process
+from configs.schema import TetherConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -76,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     setup_process(f"actor[{ns.actor_id}]")
+    with scratch_dir():  # before any engine is imported: its temporary files go there
+        return run_actor(cfg, endpoint, ns)
+
+
+def run_actor(cfg: TetherConfig, endpoint: str, ns: argparse.Namespace) -> int:
+    """Build the actor and run it until it stops; returns its exit code."""
     import asyncio
     import signal
 
