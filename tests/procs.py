@@ -26,8 +26,9 @@ class Proc:
     """A `python -m MODULE ...` child whose output lines are collected by a reader thread."""
 
     def __init__(self, args: list[str], log_path: Path, prefix: tuple[str, ...] = (),
-                 python: str = sys.executable) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # prefix: e.g. ("ip", "netns", "exec", NS)
+                 python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        """`prefix`: e.g. ("ip", "netns", "exec", NS); `env`: variables added to ours."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.p = subprocess.Popen([*prefix, python, *args], cwd=ROOT, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.lines: list[str] = []
@@ -86,10 +87,11 @@ def learner(run_dir: Path, model_dir: Path, *overrides: str, preset: Path = PRES
     return Proc(args, run_dir.parent / f"{run_dir.name}-learner.log", python=python)
 
 
-def actor(run_dir: Path, actor_id: str, *overrides: str, python: str = sys.executable) -> Proc:
+def actor(run_dir: Path, actor_id: str, *overrides: str, python: str = sys.executable,
+          env: dict[str, str] | None = None) -> Proc:
     args = ["-m", "actors", "-c", str(run_dir / "config.yaml"), "--actor-id", actor_id,
             str(run_dir / "endpoints.json"), *overrides]
-    return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log", python=python)
+    return Proc(args, run_dir.parent / f"{run_dir.name}-{actor_id}.log", python=python, env=env)
 
 
 def finish_clean(lp: Proc, run_dir: Path, steps: int, timeout: float) -> dict:
@@ -172,3 +174,16 @@ def wait_pid_exit(pid: int, timeout: float) -> bool:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
         os.close(fd)
+
+
+def end_actor(ap: Proc, sig: int, timeout: float = 30) -> tuple[list[str], list[str]]:
+    """Send signal `sig` to actor `ap` and wait until it and every process it had started
+    (engine processes, the keeper of its scratch directory) have exited. Returns the names of
+    those processes, and of those still running after `timeout` seconds."""
+    import psutil
+
+    kids = {k.pid: k.name() for k in psutil.Process(ap.p.pid).children(recursive=True)}
+    ap.p.send_signal(sig)
+    ap.p.wait(timeout=timeout)
+    return list(kids.values()), [name for pid, name in kids.items()
+                                 if not wait_pid_exit(pid, timeout)]

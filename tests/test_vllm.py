@@ -6,6 +6,8 @@ test. The engine checks themselves are shared with SGLang's (tests/engine_refs.p
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 import engine_refs as refs
@@ -58,30 +60,49 @@ def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tiny_model_dir):
+def test_sigkilled_vllm_actor_leaves_no_engine_processes(tmp_path, tmp_path_factory,
+                                                         tiny_model_dir):
     """vLLM's EngineCore and worker are children of the actor; a SIGKILLed actor cannot shut
-    them down, so each watches the actor's pid (actors/lifeline.py, a vLLM plugin) and ends with it."""
-    import signal
+    them down, so each watches the actor's pid (actors/lifeline.py, a vLLM plugin) and ends with it.
+    Nor can it remove the files vLLM put in the temp dir (its ipc sockets, `vllm_dist_*`): they
+    are in the actor's scratch directory, which its keeper removes (actors/scratch.py)."""
+    rc, names = _end_vllm_actor(tmp_path, tmp_path_factory.mktemp("tmp"), tiny_model_dir,
+                                signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    assert any("VLLM" in name for name in names), names
 
+
+@pytest.mark.slow
+def test_stopped_vllm_actor_leaves_nothing_in_the_temp_dir(tmp_path, tmp_path_factory,
+                                                           tiny_model_dir):
+    """An actor stopped by SIGTERM shuts vLLM down and removes its scratch directory."""
+    rc, _ = _end_vllm_actor(tmp_path, tmp_path_factory.mktemp("tmp"), tiny_model_dir,
+                            signal.SIGTERM)
+    assert rc == 0
+
+
+def _end_vllm_actor(tmp_path, tmpdir, model_dir, sig: int) -> tuple[int, list[str]]:
+    """Run a vLLM actor with TMPDIR=`tmpdir` until it has loaded weights, end it with `sig`, and
+    check that every process it started has exited and that `tmpdir` is empty. (`tmpdir` is not
+    under tmp_path: vLLM's ipc socket paths beneath it must stay within 107 bytes.) Returns the
+    actor's exit code and the names of the processes it had started."""
     import procs
-    import psutil
 
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", "learner.max_steps=100000",
+    lp = procs.learner(run, model_dir, "actors.num_local=0", "learner.max_steps=100000",
                        "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25")
     lp.wait_for("learner listening", timeout=120)
-    ap = procs.actor(run, "v0")
+    ap = procs.actor(run, "v0", env={"TMPDIR": str(tmpdir)})
     try:
         ap.wait_for(r"loaded weights v\d+", timeout=600)
-        kids = psutil.Process(ap.p.pid).children(recursive=True)
-        assert any("VLLM" in k.name() for k in kids), [k.name() for k in kids]
-        ap.kill()
-        alive = [k.name() for k in kids if not procs.wait_pid_exit(k.pid, timeout=30)]
-        assert not alive, f"still running after the actor was killed: {alive}"
+        names, alive = procs.end_actor(ap, sig)
+        assert not alive, f"still running after the actor ended: {alive}"
+        assert sorted(p.name for p in tmpdir.iterdir()) == [], "left in the actor's temp dir"
     finally:
         ap.kill()
         lp.p.send_signal(signal.SIGTERM)
         assert lp.finish(timeout=120) == 0, lp.tail()
+    return ap.p.returncode, names
 
 
 def test_vllm_processes_are_tied_to_the_actor_from_their_start():
