@@ -1,7 +1,8 @@
 """SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
-child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`). Every `generate`
+child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked on CPU
+(actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.
 
@@ -47,6 +48,7 @@ from typing import Callable
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
+from actors.forked import reset_in_children
 from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,9 @@ class SGLangEngine:
         if not torch.cuda.is_available():
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
         from sglang.srt.entrypoints.engine import Engine as SGLangBase
+
+        if not torch.cuda.is_available():
+            _fork_children()
 
         class Engine(SGLangBase):  # its scheduler and detokenizer end when this process ends
             run_scheduler_process_func = staticmethod(_scheduler_process)
@@ -321,6 +326,28 @@ class SGLangEngine:
         """Stop SGLang's processes. (If this process is killed instead, they stop by themselves:
         each watches this process, `_scheduler_process` and `_detokenizer_process`.)"""
         self.engine.shutdown()
+
+
+def _fork_children() -> None:
+    """SGLang's scheduler and detokenizer by fork, not spawn (CPU only: actors/forked.py).
+    SGLang sets the start method to "spawn" in `_set_envs_and_config`, which its launch calls
+    just before it starts them; this process's copy of that function sets "fork" after it
+    (sglang 0.5.23, pinned). Idempotent."""
+    import multiprocessing
+
+    import sglang.srt.entrypoints.engine as launch
+
+    set_up = launch._set_envs_and_config
+    if getattr(set_up, "tether_fork", False):
+        return
+
+    def then_fork(server_args) -> None:
+        set_up(server_args)
+        multiprocessing.set_start_method("fork", force=True)
+
+    then_fork.tether_fork = True
+    launch._set_envs_and_config = then_fork
+    reset_in_children()
 
 
 def _scheduler_process(*args, **kwargs):

