@@ -14,7 +14,8 @@ import socket
 import sys
 from pathlib import Path
 
-from actors.scratch import scratch_dir
+from actors import forked
+from actors.scratch import check_socket_room, scratch_dir
 from configs.loader import ConfigError, describe, load_config, setup_process
 from configs.schema import TetherConfig
 
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(targets) != 1:
             raise ConfigError(f"give exactly one learner address, got {targets or 'none'}")
         endpoint = resolve_endpoint(targets[0])
+        if cfg.actors.engine in ("vllm", "sglang"):
+            check_socket_room()
     except ConfigError as e:
         print(f"tether-actor: {e}", file=sys.stderr)
         return 2
@@ -92,6 +95,8 @@ def run_actor(cfg: TetherConfig, endpoint: str, ns: argparse.Namespace) -> int:
     cache = Path(ns.cache_dir) if ns.cache_dir else Path(cfg.run_dir) / "actor_cache"
     if ns.cpus:
         os.sched_setaffinity(0, ns.cpus)  # before the engine starts: its processes inherit it
+    if len(ns.cpus) <= 1:
+        forked.enable()  # its engine's processes fork (one torch thread: actors/forked.py)
     actor = Actor(cfg, endpoint, ns.actor_id, cache,
                   parent_pid=os.getppid() if ns.exit_with_parent else None,
                   threads=len(ns.cpus) or 1)

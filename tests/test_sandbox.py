@@ -65,6 +65,17 @@ def test_code_cannot_connect_to_the_learners_trajectory_port(sandbox):
         assert out == "connected" and accepted
 
 
+def test_bwrap_code_has_its_own_tmp_as_temp_dir(tmp_path, monkeypatch):
+    """Under bwrap, /tmp is the code's own tmpfs and the actor's TMPDIR (its scratch dir,
+    actors/scratch.py) is not there: TMPDIR must point at /tmp, also for programs other than
+    Python, which would fail on the missing directory."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = run_code("import os, subprocess\nprint(os.environ['TMPDIR'], "
+                   "subprocess.run(['mktemp'], capture_output=True, text=True).returncode)",
+                   "bwrap")
+    assert out == "/tmp 0", out
+
+
 @pytest.mark.parametrize("sandbox", MODES)
 def test_code_cannot_write_outside_its_temp_dir(tmp_path, sandbox):
     target = tmp_path / "run" / "planted.txt"

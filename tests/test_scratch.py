@@ -34,7 +34,8 @@ def start_fake_actor(tmpdir) -> tuple[subprocess.Popen, str, int]:
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          env={**os.environ, "TMPDIR": str(tmpdir)})
     path = p.stdout.readline().strip()
-    (keeper,) = psutil.Process(p.pid).children()
+    (keeper,) = [q for q in psutil.process_iter(["cmdline"])
+                 if q.info["cmdline"] and q.info["cmdline"][-2:] == [str(p.pid), path]]
     return p, path, keeper.pid
 
 
@@ -61,10 +62,12 @@ def test_the_scratch_dir_holds_the_temp_files_and_is_gone_when_the_actor_ends(tm
 
 
 def test_the_keeper_is_out_of_reach_of_signals_to_the_actors_process_group(tmp_path):
-    """A Ctrl-C or `kill 0` reaches the whole group: the actor stops, its keeper stays to clean."""
+    """A Ctrl-C or `kill 0` reaches the whole group: the actor stops, its keeper stays to clean.
+    Nor is it a descendant of the actor: SGLang's shutdown kills the actor's whole process tree."""
     p, path, keeper = start_fake_actor(tmp_path)
     try:
         assert os.getsid(keeper) != os.getsid(p.pid)
+        assert keeper not in [q.pid for q in psutil.Process(p.pid).children(recursive=True)]
     finally:
         p.kill()
     assert procs.wait_pid_exit(keeper, timeout=30)
@@ -87,3 +90,19 @@ def test_torch_inductors_cache_stays_where_it_was(tmp_path, monkeypatch, user_se
                          capture_output=True, env={**os.environ, "TMPDIR": str(tmp_path), **env}
                          ).stdout
     assert out.strip() == want
+
+
+def test_a_temp_dir_too_long_for_the_engines_sockets_is_refused_naming_tmpdir(tmp_path):
+    """vLLM names its ipc sockets `<temp dir>/<uuid4>`, at most 107 bytes: a vLLM actor whose
+    TMPDIR leaves no room (49 bytes or more, with the scratch dir) stops before it starts
+    anything, with one line naming TMPDIR."""
+    long = tmp_path / ("d" * max(1, 49 - len(str(tmp_path)) - 1))
+    long.mkdir()
+    assert len(str(long)) >= 49
+    r = subprocess.run([sys.executable, "-m", "actors", "-c", "configs/toy_reverse_vllm.yaml",
+                        "tcp://127.0.0.1:1"], cwd=procs.ROOT, text=True, capture_output=True,
+                       env={**os.environ, "TMPDIR": str(long)}, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("tether-actor: the temp dir") and "set TMPDIR" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert os.listdir(long) == []

@@ -96,6 +96,7 @@ def _end_vllm_actor(tmp_path, tmpdir, model_dir, sig: int) -> tuple[int, list[st
     try:
         ap.wait_for(r"loaded weights v\d+", timeout=600)
         names, alive = procs.end_actor(ap, sig)
+        assert "keeper" in names, names
         assert not alive, f"still running after the actor ended: {alive}"
         assert sorted(p.name for p in tmpdir.iterdir()) == [], "left in the actor's temp dir"
     finally:
