@@ -148,7 +148,10 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
     """Both ways, in the same run: the sender a separate process (as actors are), and (the
     earlier method) the sender a thread of the receiving process, sharing its GIL. The
     separate-process pair (ours, then raw) is measured `repeats` times, alternating, and each
-    side reports its median: on this 2-core VM one raw figure moved 2x between runs."""
+    side reports its median: on this 2-core VM one raw figure moved 2x between runs, and up to
+    4x within one run. Each pair's own ratio (raw's time over Tether's, measured back to back)
+    is reported too, with their median: a slow spell of the machine then moves both halves of a
+    pair, where the ratio of the two medians can pair a fast raw run with a slow Tether one."""
     ctx = zmq.Context()
     ours_runs, raw_runs, keep_runs = [], [], []
     for _ in range(repeats):
@@ -174,6 +177,8 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
             lambda: kept.extend(pull.recv(copy=False) for _ in range(num))))
         del kept
         pull.close(linger=0)
+    pairs = [r / o for o, r in zip(ours_runs, raw_runs)]
+    keep_pairs = [k / o for o, k in zip(ours_runs, keep_runs)]
     ours, raw = float(np.median(ours_runs)), float(np.median(raw_runs))
     raw_keep = float(np.median(keep_runs))
     # the earlier method: the sender is this process's main thread
@@ -218,6 +223,9 @@ def bench_transport(model_dir: Path, tokens: int, num: int, repeats: int = 3) ->
             "raw_groups_per_s": num / raw, "raw_MB_per_s": nbytes / raw / 1e6,
             "ratio_vs_raw": raw / ours,
             "raw_keeping_groups_per_s": num / raw_keep, "ratio_vs_raw_keeping": raw_keep / ours,
+            "pair_ratios_vs_raw": pairs, "median_pair_ratio_vs_raw": float(np.median(pairs)),
+            "pair_ratios_vs_raw_keeping": keep_pairs,
+            "median_pair_ratio_vs_raw_keeping": float(np.median(keep_pairs)),
             "runs": {"tether_groups_per_s": [num / t for t in ours_runs],
                      "raw_groups_per_s": [num / t for t in raw_runs],
                      "raw_keeping_groups_per_s": [num / t for t in keep_runs]},
@@ -645,6 +653,9 @@ def main() -> None:
     p.add_argument("--only", nargs="*",
                    default=["transport", "weights", "lora", "pipeline", "rollout", "vllm", "sglang",
                             "e2e", "e2e_vllm", "peer"])
+    p.add_argument("--transport-repeats", type=int, default=3,
+                   help="pairs (Tether, raw, raw keeping) measured per size in `transport`, "
+                        "alternating; each side reports its median, and each pair its own ratio")
     p.add_argument("--real-minutes", type=float, default=30.0,
                    help="training minutes per run of the `real` section (each run adds start-up, "
                         "two held-out evaluations and the export, ~10 min)")
@@ -663,7 +674,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if "transport" in ns.only:
-            res["transport"] = [bench_transport(model_dir, t, n)
+            res["transport"] = [bench_transport(model_dir, t, n, ns.transport_repeats)
                                 for t, n in ((8, 20000), (1024, 2000), (16384, 100))]
         if "weights" in ns.only:
             res["weights"] = bench_weights(model_dir, [1, 4, 8], megabytes=128)
@@ -693,16 +704,22 @@ def main() -> None:
     print(table)
 
 
+def _ratios(xs: list[float]) -> str:
+    """Per-pair ratios, then their median."""
+    return f"{', '.join(f'{x:.2f}' for x in xs)}; median {float(np.median(xs)):.2f}"
+
+
 def render(res: dict) -> str:
     rows = ["| benchmark | Tether | baseline (same run) | ratio |", "|---|---|---|---|"]
     for t in res.get("transport", []):
         rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample | "
                     f"{t['tether_groups_per_s']:.0f} groups/s, {t['tether_MB_per_s']:.0f} MB/s | "
                     f"raw PUSH/PULL {t['raw_groups_per_s']:.0f} groups/s, {t['raw_MB_per_s']:.0f} MB/s | "
-                    f"{t['ratio_vs_raw']:.2f} |")
+                    f"{t['ratio_vs_raw']:.2f} (pairs: {_ratios(t['pair_ratios_vs_raw'])}) |")
         rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample, against raw keeping "
                     f"every frame | | raw PUSH/PULL, frames kept {t['raw_keeping_groups_per_s']:.0f} "
-                    f"groups/s | {t['ratio_vs_raw_keeping']:.2f} |")
+                    f"groups/s | {t['ratio_vs_raw_keeping']:.2f} "
+                    f"(pairs: {_ratios(t['pair_ratios_vs_raw_keeping'])}) |")
         th = t["sender_thread"]
         rows.append(f"| trajectories, {t['tokens_per_sample']} tok/sample, sender a thread of the "
                     f"receiving process | {th['tether_groups_per_s']:.0f} groups/s | raw "
