@@ -66,6 +66,51 @@ _ACTOR_PID = "TETHER_SGLANG_ACTOR_PID"
 """Environment variable (inherited by SGLang's children): the pid whose exit ends them."""
 
 
+def _engine_class() -> type:
+    """SGLang's `Engine` with Tether's scheduler and detokenizer entry points (they end when this
+    process ends) and a launch that leaves this process's multiprocessing start method as it was
+    (SGLang sets it for the whole process: "spawn", or "fork" by `_fork_children`)."""
+    from sglang.srt.entrypoints.engine import Engine as SGLangBase
+
+    class Engine(SGLangBase):
+        run_scheduler_process_func = staticmethod(_scheduler_process)
+        run_detokenizer_process_func = staticmethod(_detokenizer_process)
+
+        @classmethod
+        def _launch_subprocesses(cls, *args, **kwargs):
+            import multiprocessing
+
+            method = multiprocessing.get_start_method(allow_none=True)
+            try:
+                return super()._launch_subprocesses(*args, **kwargs)
+            finally:
+                multiprocessing.set_start_method(method, force=True)
+
+    return Engine
+
+
+def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
+                   mem_fraction_static: float, lora_rank: int, lora_targets: tuple[str, ...],
+                   cpu: bool) -> dict:
+    """SGLang's server arguments for an actor's engine (placeholder weights, no tokenizer)."""
+    kw = dict(model_path=str(model_dir), dtype="float32", load_format="dummy",
+              skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
+              disable_overlap_schedule=True, log_level="warning")
+    if max_total_tokens:
+        kw["max_total_tokens"] = max_total_tokens
+    if mem_fraction_static:
+        kw["mem_fraction_static"] = mem_fraction_static
+    if cpu:
+        kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    if lora_rank:
+        # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
+        kw.update(enable_lora=True, max_lora_rank=lora_rank,
+                  lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS)
+        if cpu:
+            kw["lora_backend"] = "torch_native"
+    return kw
+
+
 class SGLangEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
                  mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
@@ -85,27 +130,9 @@ class SGLangEngine:
 
         if not torch.cuda.is_available():
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
-        from sglang.srt.entrypoints.engine import Engine as SGLangBase
-
+        Engine = _engine_class()
         if not torch.cuda.is_available() and forked.enabled():
             _fork_children()
-
-        class Engine(SGLangBase):  # its scheduler and detokenizer end when this process ends
-            run_scheduler_process_func = staticmethod(_scheduler_process)
-            run_detokenizer_process_func = staticmethod(_detokenizer_process)
-
-            @classmethod
-            def _launch_subprocesses(cls, *args, **kwargs):
-                """SGLang's launch, after which this process's start method is what it was
-                (SGLang sets it for the whole process: "spawn", or "fork" by `_fork_children`)."""
-                import multiprocessing
-
-                method = multiprocessing.get_start_method(allow_none=True)
-                try:
-                    return super()._launch_subprocesses(*args, **kwargs)
-                finally:
-                    multiprocessing.set_start_method(method, force=True)
-
         os.environ[_ACTOR_PID] = str(os.getpid())
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.vocab_size = int(config["vocab_size"])
@@ -129,21 +156,8 @@ class SGLangEngine:
         self._users: dict[str, int] = {}
         """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
         self._lora_ids = itertools.count(1)
-        kw = dict(model_path=str(model_dir), dtype="float32", load_format="dummy",
-                  skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
-                  disable_overlap_schedule=True, log_level="warning")
-        if max_total_tokens:
-            kw["max_total_tokens"] = max_total_tokens
-        if mem_fraction_static:
-            kw["mem_fraction_static"] = mem_fraction_static
-        if not torch.cuda.is_available():
-            kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
-        if lora_rank:
-            # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
-            kw.update(enable_lora=True, max_lora_rank=lora_rank,
-                      lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS)
-            if not torch.cuda.is_available():
-                kw["lora_backend"] = "torch_native"
+        kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
+                            lora_targets, cpu=not torch.cuda.is_available())
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)

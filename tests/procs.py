@@ -164,6 +164,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def learning_curve(run_dir: Path, every: int = 25) -> str:
+    """The run's sampled reward, entropy, mean staleness and wall time every `every` steps, one
+    line per step: the message of a failed learning bar, so a run that did not learn can be read
+    afterwards (these runs are not bitwise repeatable)."""
+    rows = [r for r in metrics(run_dir) if r["step"] % every == 0]
+    return "\n".join(f"step {r['step']:4d} reward {r['reward_mean']:.3f} entropy {r['entropy']:.3f} "
+                     f"staleness {r['staleness_mean']:.2f} t {r['time_s']:.0f}s" for r in rows)
+
+
 def wait_pid_exit(pid: int, timeout: float) -> bool:
     """Block until process `pid` (any process, not only a child) has exited."""
     try:

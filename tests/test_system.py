@@ -231,7 +231,8 @@ def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
           f" in {s['steps']} steps ({s['end_reason']}), {s['wall_seconds']:.0f} s")
     assert procs.trained(s, 500), s
     assert s["eval_reward_start"] <= 0.45
-    assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3
+    assert s["eval_reward_end"] >= 0.6 and s["eval_reward_end"] > s["eval_reward_start"] + 0.3, (
+        procs.learning_curve(run))
     _check_accounting(s)
     _check_timeline(run, actors=2, traced=range(6, 9))
 
