@@ -61,6 +61,11 @@ from configs.loader import load_config  # noqa: E402
 from transport import messages as m  # noqa: E402
 
 PRESET = ROOT / "configs" / "toy_reverse.yaml"
+TRANSPORT_SIZES = ((8, 20000), (1024, 8000), (16384, 500))
+"""`transport`'s (tokens per sample, groups per measurement). Each measurement lasts about 0.5 to
+1 s here: with 2000 groups at 1024 and 100 at 16384 (until 2026-12-04) one lasted 0.1 to 0.4 s,
+and pairs measured back to back disagreed by more than the effect (ratios 0.33 to 2.24). 500
+groups at 16384 are 850 MB of frames, held by the sender and again by the receiver."""
 
 
 # ---------------------------------------------------------------- transport
@@ -675,7 +680,7 @@ def main() -> None:
         work = Path(tmp)
         if "transport" in ns.only:
             res["transport"] = [bench_transport(model_dir, t, n, ns.transport_repeats)
-                                for t, n in ((8, 20000), (1024, 2000), (16384, 100))]
+                                for t, n in TRANSPORT_SIZES]
         if "weights" in ns.only:
             res["weights"] = bench_weights(model_dir, [1, 4, 8], megabytes=128)
             res["weights"]["apply"] = bench_apply(model_dir)
