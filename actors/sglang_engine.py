@@ -128,10 +128,11 @@ class SGLangEngine:
                              "logprobs, not those of the distribution it sampled from; unset it")
         import torch
 
-        if not torch.cuda.is_available():
+        cpu = not torch.cuda.is_available()
+        if cpu:
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
         Engine = _engine_class()
-        if not torch.cuda.is_available() and forked.enabled():
+        if cpu and forked.enabled():
             _fork_children()
         os.environ[_ACTOR_PID] = str(os.getpid())
         config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -157,7 +158,7 @@ class SGLangEngine:
         """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
         self._lora_ids = itertools.count(1)
         kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
-                            lora_targets, cpu=not torch.cuda.is_available())
+                            lora_targets, cpu)
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)

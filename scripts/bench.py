@@ -62,10 +62,11 @@ from transport import messages as m  # noqa: E402
 
 PRESET = ROOT / "configs" / "toy_reverse.yaml"
 TRANSPORT_SIZES = ((8, 20000), (1024, 8000), (16384, 500))
-"""`transport`'s (tokens per sample, groups per measurement). Each measurement lasts about 0.5 to
-1 s here: with 2000 groups at 1024 and 100 at 16384 (until 2026-12-04) one lasted 0.1 to 0.4 s,
-and pairs measured back to back disagreed by more than the effect (ratios 0.33 to 2.24). 500
-groups at 16384 are 850 MB of frames, held by the sender and again by the receiver."""
+"""`transport`'s (tokens per sample, groups per measurement): about 0.5 to 1 s per measurement
+here (2000 groups at 1024 and 100 at 16384 until 2026-12-04 lasted 0.1 to 0.4 s). The longer
+window did not narrow the spread of back-to-back pairs on this VM (16384: 0.33-2.24 before,
+0.39-2.60 after; docs/benchmarks.md). 500 groups at 16384 are 850 MB of frames, held by the
+sender and again by the receiver."""
 
 
 # ---------------------------------------------------------------- transport
