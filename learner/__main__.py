@@ -41,4 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank: no finalization
+        from learner.distributed import exit_rank
+
+        exit_rank(code)
+    sys.exit(code)

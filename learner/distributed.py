@@ -24,13 +24,16 @@ left inside a collective; the loop then checkpoints with everyone and sends STOP
 
 from __future__ import annotations
 
+import atexit
 import enum
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -96,11 +99,33 @@ def barrier(ranks: Ranks) -> None:
 
 
 def close(ranks: Ranks) -> None:
-    """Leave the process group together: a rank that tears gloo down while a peer still uses
-    it can abort (seen once as SIGABRT "terminate called without an active exception")."""
+    """Leave the process group together (a barrier first, so no rank tears gloo down while a
+    peer still uses it); the process then ends with `exit_rank`."""
     if ranks.world > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a torchrun rank's process after `close`: run the atexit handlers (logging,
+    multiprocessing, trackers) while the interpreter is whole, flush, and `os._exit(code)`,
+    skipping interpreter finalization.
+
+    Why: after an FSDP2 run, destroy_process_group does not stop gloo's worker threads
+    (something in FSDP2/DTensor still holds the group; a bare gloo group's threads are joined
+    there), and one of them may still be releasing the last collective's work when the main
+    thread returns: `barrier` keeps weak references
+    to the works queued before it, and those hold tensors with Python objects, whose release
+    takes the GIL. A thread that asks for the GIL while Python 3.11 finalizes is ended by
+    pthread_exit inside a noexcept destructor: std::terminate, SIGABRT, "terminate called
+    without an active exception" (core dump: Py_FinalizeEx in the main thread, the worker in
+    ~AsyncBarrierWork -> ~AsyncAllgatherCoalescedWork -> decref_pyobject -> take_gil). Seen in
+    3 of ~80 two-rank resumes here and twice in whole-suite runs. The race is in the
+    interpreter's exit, so the fix is not to have one."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,

@@ -177,3 +177,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    distributed.exit_rank(0)  # gloo's threads race interpreter finalization (learner/distributed.py)

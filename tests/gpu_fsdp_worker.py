@@ -47,3 +47,4 @@ def main() -> None:
 if __name__ == "__main__":
     torch.manual_seed(0)
     main()
+    distributed.exit_rank(0)  # gloo's threads race interpreter finalization (learner/distributed.py)
