@@ -1,0 +1,126 @@
+"""learner/main.py's `train` loop on rank 0, with small fakes for what it drives (named below):
+how a stop signal that arrives while the learner waits for trajectories ends the run.
+
+With several learner ranks a signal only sets the team's stop flag (learner/distributed.py), and
+Ctrl-C, or torchrun passing a signal on, reaches the local actors too, which then exit. The run
+must end as an interrupted one (checkpoint, summary), not as "every local actor has exited":
+tests/test_fsdp.py's interrupted-then-resumed run failed that way once in a fresh-clone suite,
+when the signal came while rank 0 waited for a batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+
+import procs
+from configs.loader import load_config
+from learner import main as learner_main
+from learner.timeline import Timeline
+
+PRESET = procs.ROOT / "configs" / "toy_reverse.yaml"
+
+
+class _Team:
+    """A several-rank Leader's stop flag and nothing else: a signal sets it, the loop checks it."""
+
+    def __init__(self) -> None:
+        self.ranks = types.SimpleNamespace(world=2)
+        self.trainer = types.SimpleNamespace(timeline=Timeline())
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def check_interrupt(self) -> None:
+        if self._stop.is_set():
+            raise KeyboardInterrupt("signal")
+
+    def idle(self) -> None:
+        pass
+
+
+class _SignalDuringWait:
+    """A replay buffer whose wait for a batch ends empty, with the signal having arrived during
+    it (as the local actors' exit did)."""
+
+    def __init__(self, team: _Team) -> None:
+        self.team = team
+
+    def take(self, n: int, version: int, timeout: float):
+        self.team.request_stop()
+        return None
+
+    def __len__(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _Server:
+    """The learner server's snapshot as it is once every actor has left."""
+
+    stopped = None
+
+    def snapshot(self) -> dict:
+        return {"actors_connected": 0, "oldest_actor_weights": -1, "leases": {"outstanding": 0}}
+
+    def stop(self, reason: str) -> None:
+        self.stopped = reason
+
+
+class _ExitedActors:
+    """Two local actor processes, both exited."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def exited(self) -> list[str]:
+        return ["101", "102"]
+
+    def reap(self) -> None:
+        pass
+
+
+class _Metrics:
+    rows: list = []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_signal_while_waiting_for_trajectories_interrupts_even_with_every_actor_gone():
+    cfg = load_config(PRESET, ["learner.max_steps=5"])
+    team = _Team()
+    server = _Server()
+    st = learner_main.LeadState(task=None, tokenizer=None, drops=None,
+                                buffer=_SignalDuringWait(team), leases=None, server=server,
+                                actors=_ExitedActors(), metrics=_Metrics(), eval_engine=None,
+                                eval_start=0.0, version=0, packed=None)
+    sigterm = learner_main._Sigterm(team)
+    reason = learner_main.train(cfg, team, st, sigterm)
+    assert reason == "interrupted"
+    assert server.stopped == "interrupted"
+
+
+def test_every_actor_gone_without_a_signal_is_still_an_error():
+    """The check the fix puts first does not hide the real failure."""
+
+    class _EmptyWait(_SignalDuringWait):
+        def take(self, n: int, version: int, timeout: float):
+            return None
+
+    cfg = load_config(PRESET, ["learner.max_steps=5"])
+    team = _Team()
+    st = learner_main.LeadState(task=None, tokenizer=None, drops=None, buffer=_EmptyWait(team),
+                                leases=None, server=_Server(), actors=_ExitedActors(),
+                                metrics=_Metrics(), eval_engine=None, eval_start=0.0, version=0,
+                                packed=None)
+    with pytest.raises(RuntimeError, match="every local actor has exited"):
+        learner_main.train(cfg, team, st, learner_main._Sigterm(team))
