@@ -17,29 +17,21 @@ import pytest
 
 import procs
 from configs.loader import load_config
+from learner import distributed
 from learner import main as learner_main
 from learner.timeline import Timeline
 
 PRESET = procs.ROOT / "configs" / "toy_reverse.yaml"
 
 
-class _Team:
-    """A several-rank Leader's stop flag and nothing else: a signal sets it, the loop checks it."""
+class _Team(distributed.Leader):
+    """A several-rank Leader with its real stop flag (request_stop, check_interrupt) and no
+    process group: idle() sends nothing, and no signal handler is installed in pytest."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # not Leader's: that would take over SIGINT/SIGTERM
         self.ranks = types.SimpleNamespace(world=2)
         self.trainer = types.SimpleNamespace(timeline=Timeline())
-        self._stop = threading.Event()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
-
-    def check_interrupt(self) -> None:
-        if self._stop.is_set():
-            raise KeyboardInterrupt("signal")
+        self._interrupted = threading.Event()
 
     def idle(self) -> None:
         pass
