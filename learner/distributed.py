@@ -114,13 +114,13 @@ def exit_rank(code: int) -> NoReturn:
     Why: after an FSDP2 run, destroy_process_group does not stop gloo's worker threads
     (something in FSDP2/DTensor still holds the group; a bare gloo group's threads are joined
     there), and one of them may still be releasing the last collective's work when the main
-    thread returns: `barrier` keeps weak references
-    to the works queued before it, and those hold tensors with Python objects, whose release
-    takes the GIL. A thread that asks for the GIL while Python 3.11 finalizes is ended by
-    pthread_exit inside a noexcept destructor: std::terminate, SIGABRT, "terminate called
-    without an active exception" (core dump: Py_FinalizeEx in the main thread, the worker in
-    ~AsyncBarrierWork -> ~AsyncAllgatherCoalescedWork -> decref_pyobject -> take_gil). Seen in
-    3 of ~80 two-rank resumes here and twice in whole-suite runs. The race is in the
+    thread returns: `barrier` keeps weak references to the works queued before it, and those
+    hold tensors with Python objects, whose release takes the GIL. A thread that asks for the
+    GIL while Python 3.11 finalizes is ended by pthread_exit inside a noexcept destructor:
+    std::terminate, SIGABRT, "terminate called without an active exception" (core dump:
+    Py_FinalizeEx in the main thread, the worker in ~AsyncBarrierWork ->
+    ~AsyncAllgatherCoalescedWork -> decref_pyobject -> take_gil). Seen in 3 of 103 two-rank
+    resumes here (0 of 180 with this exit) and twice in whole-suite runs. The race is in the
     interpreter's exit, so the fix is not to have one."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
