@@ -199,10 +199,8 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 groups = st.buffer.take(cfg.learner.prompts_per_step, st.version,
                                         timeout=WAIT_LOG_S)
             if groups is None:
-                # A signal that came while waiting ends the run here, before the actors are
-                # judged: Ctrl-C (and torchrun passing it on) reaches the local actors too, and
-                # with several ranks the signal only sets a flag; its actors had exited, so
-                # _log_waiting raised "every local actor has exited" instead (seen in CI).
+                # A signal during the wait (several ranks: only a flag) stops the run before
+                # the actors are judged: Ctrl-C, and torchrun passing it on, end them too.
                 team.check_interrupt()
                 _log_waiting(st)
                 team.idle()

@@ -37,15 +37,16 @@ class _Team(distributed.Leader):
         pass
 
 
-class _SignalDuringWait:
-    """A replay buffer whose wait for a batch ends empty, with the signal having arrived during
-    it (as the local actors' exit did)."""
+class _Wait:
+    """A replay buffer whose every wait for a batch ends empty; with `signal`, the stop signal
+    arrived during the wait (as it did with the local actors' exit)."""
 
-    def __init__(self, team: _Team) -> None:
-        self.team = team
+    def __init__(self, team: _Team, signal: bool) -> None:
+        self.team, self.signal = team, signal
 
     def take(self, n: int, version: int, timeout: float):
-        self.team.request_stop()
+        if self.signal:
+            self.team.request_stop()
         return None
 
     def __len__(self) -> int:
@@ -87,32 +88,24 @@ class _Metrics:
         pass
 
 
-def test_a_signal_while_waiting_for_trajectories_interrupts_even_with_every_actor_gone():
+def _train(signal: bool) -> tuple[str, _Server]:
+    """train() for at most 5 steps, every local actor gone and no batch ever coming."""
     cfg = load_config(PRESET, ["learner.max_steps=5"])
-    team = _Team()
-    server = _Server()
-    st = learner_main.LeadState(task=None, tokenizer=None, drops=None,
-                                buffer=_SignalDuringWait(team), leases=None, server=server,
-                                actors=_ExitedActors(), metrics=_Metrics(), eval_engine=None,
-                                eval_start=0.0, version=0, packed=None)
-    sigterm = learner_main._Sigterm(team)
-    reason = learner_main.train(cfg, team, st, sigterm)
+    team, server = _Team(), _Server()
+    st = learner_main.LeadState(task=None, tokenizer=None, drops=None, buffer=_Wait(team, signal),
+                                leases=None, server=server, actors=_ExitedActors(),
+                                metrics=_Metrics(), eval_engine=None, eval_start=0.0, version=0,
+                                packed=None)
+    return learner_main.train(cfg, team, st, learner_main._Sigterm(team)), server
+
+
+def test_a_signal_while_waiting_for_trajectories_interrupts_even_with_every_actor_gone():
+    reason, server = _train(signal=True)
     assert reason == "interrupted"
     assert server.stopped == "interrupted"
 
 
 def test_every_actor_gone_without_a_signal_is_still_an_error():
     """The check the fix puts first does not hide the real failure."""
-
-    class _EmptyWait(_SignalDuringWait):
-        def take(self, n: int, version: int, timeout: float):
-            return None
-
-    cfg = load_config(PRESET, ["learner.max_steps=5"])
-    team = _Team()
-    st = learner_main.LeadState(task=None, tokenizer=None, drops=None, buffer=_EmptyWait(team),
-                                leases=None, server=_Server(), actors=_ExitedActors(),
-                                metrics=_Metrics(), eval_engine=None, eval_start=0.0, version=0,
-                                packed=None)
     with pytest.raises(RuntimeError, match="every local actor has exited"):
-        learner_main.train(cfg, team, st, learner_main._Sigterm(team))
+        _train(signal=False)
