@@ -56,15 +56,26 @@ def _single_thread():
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """The warm-started tiny model, built exactly as the learner builds it."""
+def _preset_model(tmp_path_factory, preset: str) -> Path:
+    """The tiny model of `preset`, warm-started exactly as the learner builds it."""
     from configs.loader import load_config
     from learner.model_setup import ensure_model
 
     path = tmp_path_factory.mktemp("model") / "tiny"
-    cfg = load_config(ROOT / "configs" / "toy_reverse.yaml", [f"model.path={path}"])
-    return ensure_model(cfg)
+    return ensure_model(load_config(ROOT / "configs" / preset, [f"model.path={path}"]))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The toy reversal task's warm-started tiny model (configs/toy_reverse.yaml)."""
+    return _preset_model(tmp_path_factory, "toy_reverse.yaml")
+
+
+@pytest.fixture(scope="session")
+def calculator_model_dir(tmp_path_factory) -> Path:
+    """The calculator tool task's warm-started tiny model (configs/toy_calculator.yaml: 50
+    warm-start steps, ~4 s), built once per test process instead of once per test."""
+    return _preset_model(tmp_path_factory, "toy_calculator.yaml")
 
 
 @pytest.fixture(scope="session")

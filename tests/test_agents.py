@@ -395,12 +395,12 @@ def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
 
 
 @pytest.mark.slow
-def test_calculator_tool_task_learns_end_to_end(tmp_path):
+def test_calculator_tool_task_learns_end_to_end(tmp_path, calculator_model_dir):
     """Real learner + 2 actor processes over ZeroMQ, multi-turn tool agent, calculator task."""
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     # the preset's 120 steps: at 80, one fresh-clone run gained only +0.107 (0.34 -> 0.45)
-    lp = procs.learner(run, tmp_path / "model", preset=preset)
+    lp = procs.learner(run, calculator_model_dir, preset=preset)
     s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=600)
     print("calculator eval reward", s["eval_reward_start"], "->", s["eval_reward_end"],
           "in", s["wall_seconds"], "s")

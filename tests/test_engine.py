@@ -105,6 +105,28 @@ def test_unpack_rejects_a_manifest_that_does_not_fit(tiny_model_dir):
         unpack(packed.manifest, short)
 
 
+def test_unpack_gives_every_tensor_back_from_one_copy_per_bucket():
+    """Mixed dtypes put a float32 tensor at an offset that is not a multiple of 4 (pack does not
+    align), and an empty tensor: both come back equal. Tensors of a read-only bucket share one
+    copy of it (not one per tensor); a writable bucket is used in place."""
+    state = {"h": torch.arange(3, dtype=torch.bfloat16), "f": torch.linspace(0, 1, 5),
+             "b": torch.ones(1, dtype=torch.bfloat16), "e": torch.zeros(0, 4),
+             "g": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    packed = pack(state, 0, 1 << 20)
+    offsets = [m.offset for m in packed.manifest.tensors]
+    assert packed.manifest.num_buckets == 1 and offsets == [0, 6, 26, 28, 28]
+    for buckets in (list(packed.buckets), [bytearray(b) for b in packed.buckets]):
+        out = unpack(packed.manifest, buckets)
+        assert list(out) == list(state)
+        for name, t in state.items():
+            assert out[name].dtype == t.dtype and torch.equal(out[name], t), name
+        base = out["h"].data_ptr()  # the bucket's copy (or the writable bucket itself)
+        assert out["g"].data_ptr() == base + 28
+        assert out["f"].data_ptr() != base + 6  # misaligned: a copy of its own
+    out["g"][0, 0] = 7.0  # the writable bucket was not copied: its bytes changed too
+    assert torch.frombuffer(buckets[0][28:32], dtype=torch.float32).item() == 7.0
+
+
 def test_kv_cache_sampling_draws_from_the_full_context_distribution(engine):
     """Each token must be sampled given the whole prefix: replay every row with the same
     generator but a full forward pass per token (no cache) and get the same tokens."""

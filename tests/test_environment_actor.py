@@ -28,12 +28,13 @@ class ProbeEnv(CalculatorEnv):
 '''
 
 
-def test_an_environments_rubric_reward_reaches_the_learner(tmp_path, monkeypatch):
+def test_an_environments_rubric_reward_reaches_the_learner(tmp_path, monkeypatch,
+                                                          calculator_model_dir):
     (tmp_path / "probe_env.py").write_text(PROBE)
     monkeypatch.setenv("PYTHONPATH", f"{procs.ROOT}:{tmp_path}")
     run = tmp_path / "run"
     steps = 3
-    lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
+    lp = procs.learner(run, calculator_model_dir, f"learner.max_steps={steps}",
                        "learner.prompts_per_step=4", "learner.group_size=4", "learner.log_every=1",
                        "task.eval_prompts=4", "actors.num_local=1", "actors.agent=environment",
                        "actors.environment=probe_env:ProbeEnv",

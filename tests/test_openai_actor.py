@@ -10,11 +10,11 @@ import procs
 from transport.messages import FINISH_REASONS
 
 
-def test_openai_client_agent_in_an_actor_process_trains_multi_turn(tmp_path):
+def test_openai_client_agent_in_an_actor_process_trains_multi_turn(tmp_path, calculator_model_dir):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     steps, prompts, samples = 8, 4, 4
-    lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
+    lp = procs.learner(run, calculator_model_dir, f"learner.max_steps={steps}",
                        f"learner.prompts_per_step={prompts}", f"learner.group_size={samples}",
                        "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
                        "actors.agent=openai",

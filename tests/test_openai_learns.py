@@ -14,10 +14,10 @@ from configs.loader import load_config
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the preset's 120 steps: 4 s/step here at load 10, 25 at load 25
-def test_openai_function_calling_agent_learns_the_calculator_task(tmp_path):
+def test_openai_function_calling_agent_learns_the_calculator_task(tmp_path, calculator_model_dir):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
-    lp = procs.learner(run, tmp_path / "model", "actors.agent=openai",
+    lp = procs.learner(run, calculator_model_dir, "actors.agent=openai",
                        "actors.openai_agent=actors.openai_tools_example:calculator_agent",
                        preset=preset)
     s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=1700)

@@ -142,14 +142,14 @@ def test_vllm_processes_are_tied_to_the_actor_from_their_start():
 
 
 @pytest.mark.slow
-def test_tool_agent_on_vllm_actors(tmp_path):
+def test_tool_agent_on_vllm_actors(tmp_path, calculator_model_dir):
     """The multi-turn tool agent (#6) runs unchanged on a vLLM actor: model turns come from
     vLLM, calculator results are spliced in as mask-0 tokens, and the learner accepts them."""
     import procs
 
     run = tmp_path / "run"
     steps = 6
-    lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
+    lp = procs.learner(run, calculator_model_dir, f"learner.max_steps={steps}",
                        "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
                        "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
                        preset=procs.ROOT / "configs" / "toy_calculator.yaml")

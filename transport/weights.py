@@ -84,6 +84,7 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
         raise ValueError(f"weights v{manifest.version}: expected {manifest.num_buckets} buckets, "
                          f"got {len(buckets)}")
     state: dict[str, torch.Tensor] = {}
+    writable: dict[int, memoryview] = {}  # one copy per read-only bucket, none per tensor
     for m in manifest.tensors:
         if m.dtype not in _DTYPES:
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} has dtype {m.dtype!r}")
@@ -99,6 +100,14 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
         if numel * dtype.itemsize != m.nbytes:
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} shape {m.shape} "
                              f"does not fit {m.nbytes} bytes")
-        flat = torch.frombuffer(bytearray(buf[m.offset:m.offset + m.nbytes]), dtype=torch.uint8)
-        state[m.name] = flat.view(dtype).reshape(m.shape)
+        if m.bucket not in writable:
+            view = memoryview(buf)
+            writable[m.bucket] = memoryview(bytearray(view)) if view.readonly else view
+        if m.nbytes == 0:  # frombuffer refuses an empty buffer
+            state[m.name] = torch.empty(m.shape, dtype=dtype)
+            continue
+        raw = writable[m.bucket][m.offset:m.offset + m.nbytes]
+        if m.offset % dtype.itemsize:  # pack does not align: such a tensor gets its own copy
+            raw = bytearray(raw)
+        state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
     return state
