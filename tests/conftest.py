@@ -48,12 +48,16 @@ def _slow_files_first(items: list) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _single_thread():
+def _session_env(tmp_path_factory):
+    """One torch thread; no model hub; torchrun's logs (`torch.distributed.run --log-dir`, read
+    from PET_LOG_DIR) under pytest's temp dir instead of a torchelastic_* dir left in /tmp per
+    run."""
     import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("PET_LOG_DIR", str(tmp_path_factory.mktemp("torchrun")))
 
 
 def _preset_model(tmp_path_factory, preset: str) -> Path:

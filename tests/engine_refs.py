@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 
 import numpy as np
 import torch
@@ -15,12 +17,19 @@ import torch
 @contextlib.contextmanager
 def started_engine(make_engine):
     """The engine `make_engine()` builds (blocking: run in a worker thread) with its own event
-    loop as `.loop`; shut down on exit, the engine's output loop cancelled while the loop lives."""
+    loop as `.loop`; shut down on exit, the engine's output loop cancelled while the loop lives.
+    The files the engine puts in the temp dir as it starts (its ipc sockets) go to a directory
+    of its own, removed on exit, as an actor's engine's go to the actor's scratch dir."""
     from actors import forked
 
     forked.enable()  # its children fork as an actor's do (the tests run one torch thread)
+    scratch = tempfile.mkdtemp(prefix="tether-test-engine-")
     loop = asyncio.new_event_loop()
-    engine = loop.run_until_complete(asyncio.to_thread(make_engine))
+    before, tempfile.tempdir = tempfile.tempdir, scratch
+    try:
+        engine = loop.run_until_complete(asyncio.to_thread(make_engine))
+    finally:
+        tempfile.tempdir = before
     engine.loop = loop
     try:
         yield engine
@@ -31,6 +40,7 @@ def started_engine(make_engine):
             task.cancel()
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
+        shutil.rmtree(scratch, ignore_errors=True)  # files of engine processes still ending
 
 
 def hf_model(model_dir, state):
