@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 
@@ -20,9 +21,17 @@ def started_engine(make_engine):
     loop as `.loop`; shut down on exit, the engine's output loop cancelled while the loop lives.
     The files the engine puts in the temp dir as it starts (its ipc sockets) go to a directory
     of its own, removed on exit, as an actor's engine's go to the actor's scratch dir."""
+    import torch._inductor.codecache  # noqa: F401  (below)
+
     from actors import forked
+    from actors.scratch import inductor_default_cache_dir
 
     forked.enable()  # its children fork as an actor's do (the tests run one torch thread)
+    # torch inductor's caches stay where they are: its compile cache by TORCHINDUCTOR_CACHE_DIR
+    # (as in an actor), its precompiled headers by importing codecache first, which fixes their
+    # directory from the temp dir at import (imported during an engine's start, it put them in
+    # that engine's directory for good: a later compile in this process re-made it)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_default_cache_dir())
     scratch = tempfile.mkdtemp(prefix="tether-test-engine-")
     loop = asyncio.new_event_loop()
     before, tempfile.tempdir = tempfile.tempdir, scratch
