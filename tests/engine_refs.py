@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -32,24 +31,26 @@ def started_engine(make_engine):
     # directory from the temp dir at import (imported during an engine's start, it put them in
     # that engine's directory for good: a later compile in this process re-made it)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_default_cache_dir())
-    scratch = tempfile.mkdtemp(prefix="tether-test-engine-")
-    loop = asyncio.new_event_loop()
-    before, tempfile.tempdir = tempfile.tempdir, scratch
-    try:
-        engine = loop.run_until_complete(asyncio.to_thread(make_engine))
-    finally:
-        tempfile.tempdir = before
-    engine.loop = loop
-    try:
-        yield engine
-    finally:
-        engine.shutdown()
-        pending = asyncio.all_tasks(loop)
-        for task in pending:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
-        shutil.rmtree(scratch, ignore_errors=True)  # files of engine processes still ending
+    # removed on exit, also when the engine fails to start; files of engine processes still
+    # ending are no error
+    with tempfile.TemporaryDirectory(prefix="tether-test-engine-",
+                                     ignore_cleanup_errors=True) as scratch:
+        loop = asyncio.new_event_loop()
+        before, tempfile.tempdir = tempfile.tempdir, scratch
+        try:
+            engine = loop.run_until_complete(asyncio.to_thread(make_engine))
+        finally:
+            tempfile.tempdir = before
+        engine.loop = loop
+        try:
+            yield engine
+        finally:
+            engine.shutdown()
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
 
 
 def hf_model(model_dir, state):
