@@ -6,17 +6,17 @@
 Run by scripts/env.sh and scripts/env_sglang.sh with the venv's own python. uv resolves to the
 same versions as pip (`--index-strategy unsafe-best-match`: every index is searched for the best
 version, as pip does) and installs them in parallel: .venv with all of test.sh's extras took
-~28 s with uv and ~117 s with pip on this 2-core machine. uv is installed into the venv with pip
-first (one small wheel). uv does not read pip's configuration, so the indexes, find-links and
-constraint files pip would use (`pip config list`: its config files and PIP_* variables; on this
-machine the local CPU torch wheel is found through find-links) are passed to uv as flags.
+36 s with uv (its cache empty) and ~117 s with pip on this 2-core machine. uv is installed into
+the venv with pip first (one small wheel). uv does not read pip's configuration, so the indexes,
+find-links and constraint files pip would use (`pip config list`: its config files and PIP_*
+variables; on this machine the local CPU torch wheel is found through find-links) are passed to
+uv as flags.
 `--compile-bytecode`: pip writes .pyc files at install time, and with PYTHONDONTWRITEBYTECODE=1
 (set on this machine) an environment without them compiles every module at every import.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,28 +34,25 @@ def pip_sources() -> list[str]:
     (PIP_*) wins over the config files', as in pip; several values are space-separated."""
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], check=True,
                          capture_output=True, text=True).stdout
-    found: dict[str, tuple[bool, str]] = {}  # setting -> (from the environment, value)
+    files: dict[str, str] = {}
+    env: dict[str, str] = {}
     for line in out.splitlines():
         key, _, value = line.partition("=")
         section, _, name = key.rpartition(".")
-        if name not in FLAGS or section not in (":env:", "global", "install"):
-            continue
-        from_env = section == ":env:"
-        if name not in found or from_env or not found[name][0]:
-            found[name] = (from_env, value.strip().strip("'\""))
-    return [f"{FLAGS[name]}={v}" for name, (_, value) in sorted(found.items())
+        if name in FLAGS and section in (":env:", "global", "install"):
+            (env if section == ":env:" else files)[name] = value.strip().strip("'\"")
+    return [f"{FLAGS[name]}={v}" for name, value in sorted({**files, **env}.items())
             for v in value.split()]
 
 
 def main(command: str, *args: str) -> int:
-    venv = Path(sys.prefix)
-    uv = venv / "bin" / "uv"
+    uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", UV], check=True)
     base = [str(uv), "pip", command, "--python", sys.executable, "--quiet"]
     if command == "install":
         base += ["--compile-bytecode", "--index-strategy", "unsafe-best-match", *pip_sources()]
-    return subprocess.run([*base, *args], env={**os.environ, "VIRTUAL_ENV": str(venv)}).returncode
+    return subprocess.run([*base, *args]).returncode
 
 
 if __name__ == "__main__":

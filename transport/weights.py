@@ -83,15 +83,15 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
     if len(buckets) != manifest.num_buckets:
         raise ValueError(f"weights v{manifest.version}: expected {manifest.num_buckets} buckets, "
                          f"got {len(buckets)}")
+    # tensors are views of their bucket: one copy of a read-only bucket, none per tensor
+    views = [v if not v.readonly else memoryview(bytearray(v)) for v in map(memoryview, buckets)]
     state: dict[str, torch.Tensor] = {}
-    writable: dict[int, memoryview] = {}  # one copy per read-only bucket, none per tensor
     for m in manifest.tensors:
         if m.dtype not in _DTYPES:
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} has dtype {m.dtype!r}")
         if not 0 <= m.bucket < len(buckets):
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} names bucket {m.bucket}")
-        buf = buckets[m.bucket]
-        if m.offset < 0 or m.offset + m.nbytes > len(buf):
+        if m.offset < 0 or m.offset + m.nbytes > views[m.bucket].nbytes:
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} overruns its bucket")
         dtype = _DTYPES[m.dtype]
         numel = 1
@@ -100,13 +100,10 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
         if numel * dtype.itemsize != m.nbytes:
             raise ValueError(f"weights v{manifest.version}: tensor {m.name} shape {m.shape} "
                              f"does not fit {m.nbytes} bytes")
-        if m.bucket not in writable:
-            view = memoryview(buf)
-            writable[m.bucket] = memoryview(bytearray(view)) if view.readonly else view
         if m.nbytes == 0:  # frombuffer refuses an empty buffer
             state[m.name] = torch.empty(m.shape, dtype=dtype)
             continue
-        raw = writable[m.bucket][m.offset:m.offset + m.nbytes]
+        raw = views[m.bucket][m.offset:m.offset + m.nbytes]
         if m.offset % dtype.itemsize:  # pack does not align: such a tensor gets its own copy
             raw = bytearray(raw)
         state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
