@@ -35,6 +35,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpus", default=[], type=_cpu_list,
                    help="comma-separated cores to run on, with that many torch threads (the "
                         "learner's local actors under learner.cpu_placement=split)")
+    p.add_argument("--host", default=socket.gethostname(),
+                   help="this actor's node name: a weight relay advertised under it is preferred "
+                        "(transport.weights_via=relay; default: the host name)")
     p.add_argument("args", nargs="*", help="LEARNER address and key=value overrides")
     return p.parse_args(argv)
 
@@ -99,7 +102,7 @@ def run_actor(cfg: TetherConfig, endpoint: str, ns: argparse.Namespace) -> int:
         forked.enable()  # its engine's processes fork (one torch thread: actors/forked.py)
     actor = Actor(cfg, endpoint, ns.actor_id, cache,
                   parent_pid=os.getppid() if ns.exit_with_parent else None,
-                  threads=len(ns.cpus) or 1)
+                  threads=len(ns.cpus) or 1, host=ns.host)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

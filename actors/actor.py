@@ -23,6 +23,7 @@ import enum
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -36,13 +37,14 @@ from actors.agents import make_agent
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
-from actors.weight_pull import WeightPuller
 from actors.client import EngineClient
 from actors.engine import LLMClient
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport import security, sockets
 from transport.sockets import configure
+from transport.weightsrc.base import SourceContext, WeightSource
+from transport.weightsrc.registry import make_source
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +97,10 @@ class Connection:
 
 class Actor:
     def __init__(self, cfg: TetherConfig, control_endpoint: str, actor_id: str, cache_dir: Path,
-                 parent_pid: int | None = None, threads: int = 1) -> None:
+                 parent_pid: int | None = None, threads: int = 1, host: str = "") -> None:
         self.cfg = cfg
+        self.host = host or socket.gethostname()
+        """This actor's node name: weight relays advertised under it are preferred."""
         self.threads = threads
         """torch threads of the engine on CPU (the cores it was given; one when it shares)."""
         self.parent_pid = parent_pid
@@ -131,8 +135,8 @@ class Actor:
         self.link = Connection()
         self.latest_version = -1
         self.run_id: str | None = None
-        self.puller: WeightPuller | None = None
-        """Weight pulls over the weights socket (made with it, after the first Welcome)."""
+        self.puller: WeightSource | None = None
+        """Where weights come from (transport.weights_via; made after the first Welcome)."""
         self.last_heard = time.monotonic()
         self.last_hello = 0.0
         self.grants: asyncio.Queue[tuple[str, m.LeaseGrant]] = asyncio.Queue()
@@ -156,10 +160,11 @@ class Actor:
                 return 0
             self.trajectory = self._socket(zmq.PUSH, t)
             self.trajectory.connect(welcome.trajectory_endpoint)
-            self.weights = self._socket(zmq.DEALER, t)
-            self.weights.setsockopt(zmq.RCVHWM, 0)
-            self.weights.connect(welcome.weights_endpoint)
-            self.puller = WeightPuller(self.weights, self.actor_id, t.peer_timeout_s)
+            self.weights = self._weights_socket(welcome.weights_endpoint)
+            self.puller = make_source(t.weights_via, SourceContext(
+                actor_id=self.actor_id, learner=self.weights,
+                learner_endpoint=welcome.weights_endpoint, connect=self._weights_socket,
+                transport=t, host=self.host))
             tasks = [asyncio.create_task(c) for c in (
                 self._receive_loop(), self._heartbeat_loop(welcome), self._work_loop(welcome),
                 self._weights_loop(), self.stopped.wait())]
@@ -178,6 +183,8 @@ class Actor:
             with contextlib.suppress(zmq.Again):  # best effort: the learner may be gone
                 await self.control.send(self.enc.encode(m.Goodbye(actor_id=self.actor_id)),
                                         zmq.NOBLOCK)
+            if self.puller is not None:
+                self.puller.close()
             sockets.close(self.ctx, t, [s for s in (self.control, self.trajectory, self.weights)
                                         if s is not None])
             for close in self._closers:
@@ -186,6 +193,13 @@ class Actor:
     def _socket(self, kind: int, t) -> zmq.asyncio.Socket:
         sock = configure(self.ctx.socket(kind), t, limit_size=False)
         security.make_client(sock, t)
+        return sock
+
+    def _weights_socket(self, endpoint: str) -> zmq.asyncio.Socket:
+        """A DEALER to a weights server (the learner or a relay); buckets are never dropped."""
+        sock = self._socket(zmq.DEALER, self.cfg.transport)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(endpoint)
         return sock
 
     def _hello(self) -> bytes:

@@ -44,6 +44,7 @@ from buffer.record import TrajGroup
 from configs.schema import LoraConfig, TetherConfig
 from learner.backend import Backend, SingleProcessBackend
 from learner.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
+from learner.publisher import Publisher
 from learner.trainer import Trainer
 from models.devices import resolve_device
 from transport.weights import PackedWeights, pack
@@ -197,14 +198,17 @@ class Leader:
         self._send(Op.STEP, version, record.to_arrays(groups))
         return self.trainer.step(groups, version)
 
-    def gather_weights(self, version: int) -> PackedWeights:
-        """Gather the full weights (LoRA: the adapter) tensor by tensor into buckets (only rank
-        0 keeps them); the learner then announces them (LearnerServer.announce)."""
+    def gather_weights(self, version: int, publisher: Publisher, dtype: torch.dtype) -> None:
+        """Gather the full weights (LoRA: the adapter) tensor by tensor into `publisher`'s
+        queue, full weights cast to the engines' `dtype` on the way (only rank 0 keeps them).
+        Returns once the last tensor is queued; the packer thread announces the version
+        (learner/publisher.py). LoRA tensors stay fp32: engines merge them into the base."""
         self._send(Op.GATHER, version)
         if self.backend.lora is not None:
-            return pack(self.backend.named_adapter_tensors(), version, self.bucket_bytes,
-                        kind="adapter", lora=self.backend.lora)
-        return pack(self.backend.named_full_tensors(), version, self.bucket_bytes)
+            publisher.publish(version, self.backend.named_adapter_tensors(), kind="adapter",
+                              lora=self.backend.lora)
+            return
+        publisher.publish(version, self.backend.named_full_tensors(), dtype=dtype)
 
     def gather_base(self) -> PackedWeights | None:
         """LoRA: the frozen base weights, gathered once (actors get them when they join);

@@ -2,14 +2,17 @@
 
     actors (PUSH) ──trajectories──▶ [I/O thread: validate ─▶ ReplayBuffer] ──take()──▶ trainer
     actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats, VersionAnnounce]      │
-    actors (DEALER) ◀─weights──── [I/O thread: buckets of version v] ◀─announce(v+1)◀─ gather
+    actors, relays ◀─weights───── [I/O thread: offers, buckets] ◀─announce(v+1)◀─ [packer] ◀─ gather
 
 `start` restores or begins, gathers and evaluates version v, binds the sockets and starts the
 local actors; `train` loops; `finish` checkpoints, evaluates, exports and writes the summary.
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
 waits for every few seconds, so a stall is never silent), trains one step, gathers the new
-weights (`Leader.gather_weights`, a collective under FSDP2) and hands them to the I/O thread to
-announce (`LearnerServer.announce`, never blocks). The I/O thread never waits on the trainer.
+weights in the engines' dtype (`Leader.gather_weights`, a collective under FSDP2) into the packer
+thread's bounded queue (learner/publisher.py: buckets, digests, deltas), which hands each
+finished version to the I/O thread to announce (`LearnerServer.announce`, never blocks). The I/O
+thread never waits on the trainer; the trainer waits on the packer only when the packer is a
+queue's worth behind.
 
 With `learner.backend=fsdp2` under torchrun, only rank 0 runs this loop (and owns sockets,
 buffer, leases, actors, files); the other ranks follow its commands (learner/distributed.py).
@@ -46,7 +49,9 @@ from learner.server import LearnerServer
 from learner.timeline import Timeline
 from learner.trainer import Trainer
 from models import devices
+from learner.publisher import Publisher
 from transport.weights import PackedWeights, unpack, write_file
+from transport.weightsrc.store import Published
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +133,8 @@ class LeadState:
     eval_start: float
     version: int
     """Policy version = optimizer steps done."""
-    packed: PackedWeights
-    """The gathered weights of `version` (LoRA: its adapter)."""
+    publisher: Publisher
+    """Packs each gathered version in its own thread and announces it."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
@@ -151,20 +156,23 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         version = _restore(team.backend, leases, buffer, checkpoint)
         team.trainer.models.load(checkpoint)
     base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
-    packed = team.gather_weights(version)
-    eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
+    dtype = devices.torch_dtype(cfg.model.dtype)
+    eval_engine = HFEngine(model_dir, team.ranks.device, dtype)
     if base is not None:
         eval_engine.load_packed(base.manifest, list(base.buckets))
-    eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
-    log.info("held-out reward at v%d: %.3f", version, eval_start)
-
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
     server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
                            version, base=base)
+    publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
+                          lambda pub: server.announce(pub.full.manifest.version,
+                                                      _for_actors(cfg, pub)))
+    team.gather_weights(version, publisher, dtype)
+    eval_start = _evaluate(eval_engine, publisher.wait().full, task, cfg, tokenizer)
+    log.info("held-out reward at v%d: %.3f", version, eval_start)
+
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
-    server.announce(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
@@ -173,7 +181,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
                      server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, packed=packed)
+                     eval_start=eval_start, version=version, publisher=publisher)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -208,10 +216,9 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
             step_t0 = time.monotonic()
             m = team.step(groups, st.version)
             st.version += 1
-            with tl.span("gather"):
-                st.packed = team.gather_weights(st.version)
-            with tl.span("announce"):
-                st.server.announce(st.version, _for_actors(cfg, st.packed))
+            with tl.span("gather"):  # the packer thread packs and announces it
+                team.gather_weights(st.version, st.publisher,
+                                    devices.torch_dtype(cfg.model.dtype))
             m.update(tl.end_step(st.version))
             st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
@@ -254,7 +261,7 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
-    eval_end = _evaluate(st.eval_engine, st.packed, st.task, cfg, st.tokenizer)
+    eval_end = _evaluate(st.eval_engine, st.publisher.wait().full, st.task, cfg, st.tokenizer)
     team.export_hf(run_dir / "final_model")
     team.stop()
     summary = _summary(cfg, st, eval_end, wall, reason)
@@ -264,20 +271,22 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     return summary
 
 
-def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
-    """Version `packed` as actors will fetch it: the byte buckets themselves, or a file on
+def _for_actors(cfg: TetherConfig, pub: Published) -> Published:
+    """Version `pub` as actors will fetch it: the byte buckets themselves, or a file on
     shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
     it was told about). A LoRA version's file holds its adapter (the base goes over ZeroMQ,
-    once per actor), and the notice keeps the manifest's kind and LoRA spec."""
+    once per actor), and the notice keeps the manifest's kind and LoRA spec. Runs in the
+    packer thread."""
     t = cfg.transport
     if t.weights_via != "filesystem":
-        return packed
+        return pub
+    packed = pub.full
     directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
     state = unpack(packed.manifest, list(packed.buckets))
     out = write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
     notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
                                      lora=packed.manifest.lora)
-    return PackedWeights(manifest=notice, buckets=())
+    return Published(full=PackedWeights(manifest=notice, buckets=()))
 
 
 def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:

@@ -12,8 +12,10 @@ What blocks where:
     keeps heartbeating meanwhile, so a parked actor is never mistaken for a dead one.
   * An actor silent for `peer_timeout_s` is dead: its leases expire and are granted again.
   * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
-    the immutable buckets of the current version, so queueing them costs no copies, and a
-    ROUTER at its high-water mark would silently drop buckets.
+    the immutable buckets of the versions held, so queueing them costs no copies, and a
+    ROUTER at its high-water mark would silently drop buckets. Peers pull one bucket per
+    request with at most `transport.weight_window` in flight each, so what is queued for a
+    peer is bounded by its window (transport/weightsrc/).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from transport import security
 from transport import sockets
 from transport.sockets import bind, bind_inproc, configure
 from transport.weights import PackedWeights
+from transport.weightsrc.service import WeightsService
+from transport.weightsrc.store import Published
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,6 @@ class LearnerServer(threading.Thread):
         self.leases = leases
         self.vocab_size = vocab_size
         self.version = version
-        self.packed: PackedWeights | None = None
         self.base = base
         self.run_id = uuid.uuid4().hex[:12]
         self.model_files = _model_files(model_dir)
@@ -90,6 +93,10 @@ class LearnerServer(threading.Thread):
         self._dec = m.Decoders()
         self._ctx = sockets.context(self.tcfg)
         self._bind_sockets()
+        self.weights_service = WeightsService(
+            self.weights, self.tcfg, is_actor=lambda aid: aid in self.actors,
+            reject=self._reject, base=base)
+        """Offers, buckets, relays (transport/weightsrc/service.py; I/O thread only)."""
 
     # ------------------------------------------------------------ setup
     def _bind_sockets(self) -> None:
@@ -127,10 +134,11 @@ class LearnerServer(threading.Thread):
         self._wake_tx.connect(self._wake_addr)
 
     # ------------------------------------------------------------ called from the trainer thread
-    def announce(self, version: int, packed: PackedWeights) -> None:
-        """Make the gathered weights `packed` of `version` current: served to actors that ask,
-        and a VersionAnnounce to every joined actor. Does not block (the I/O thread sends)."""
-        self._command(("announce", version, packed))
+    def announce(self, version: int, published: Published) -> None:
+        """Make version `version` (`published`: its buckets, and its delta) current: offered
+        to actors that ask, and a VersionAnnounce to every joined actor. Does not block (the
+        I/O thread sends). Called from the learner's packer thread (learner/publisher.py)."""
+        self._command(("announce", version, published))
 
     def stop(self, reason: str) -> None:
         """Tell every actor to shut down, close the sockets, end the thread."""
@@ -159,6 +167,8 @@ class LearnerServer(threading.Thread):
                 "leases": self.leases.counts(),
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
+                "weights_sent_bytes": dict(self.weights_service.store.sent_bytes),
+                "relays": len(self.weights_service.relays.relays),
                 **self.reports.snapshot(),
             }
 
@@ -193,7 +203,7 @@ class LearnerServer(threading.Thread):
                 if self.control in events:
                     self._drain(self.control, self._on_control)
                 if self.weights in events:
-                    self._drain(self.weights, self._on_weight_request)
+                    self._drain(self.weights, self.weights_service.handle)
                 if self.trajectory in events:
                     self._read_trajectories()
                 if self._wake_rx in events:
@@ -238,8 +248,9 @@ class LearnerServer(threading.Thread):
             except queue.Empty:
                 return None
             match cmd:
-                case ("announce", version, packed):
-                    self.version, self.packed = version, packed
+                case ("announce", version, published):
+                    self.version = version
+                    self.weights_service.add(version, published)
                     news = self._enc.encode(m.VersionAnnounce(version=version))
                     for st in self.actors.values():
                         self.control.send_multipart([st.identity, news], zmq.NOBLOCK)
@@ -431,42 +442,6 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
             return None
         return group
-
-    # ------------------------------------------------------------ weights channel
-    def _on_weight_request(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            self._reject("malformed", f"weight request with {len(frames)} frames")
-            return
-        identity, payload = frames
-        try:
-            req = self._dec.weight_request.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            self._reject("malformed", f"weights: {e}")
-            return
-        st = self.actors.get(req.actor_id)
-        if st is None:
-            self._reject("not_registered", f"weights: actor {req.actor_id!r} must send Hello first")
-            return
-        packed = self.packed
-        if packed is None or req.have_version >= packed.manifest.version:
-            empty = m.WeightManifest(version=self.version, tensors=[], num_buckets=0,
-                                     total_bytes=0, request_id=req.request_id)
-            self.weights.send_multipart([identity, self._enc.encode(empty)])
-            return
-        if req.need_base and self.base is not None:
-            self._send_weights(identity, self.base, req.request_id)
-        self._send_weights(identity, packed, req.request_id)
-
-    def _send_weights(self, identity: bytes, packed: PackedWeights, request_id: int) -> None:
-        """The manifest (answering `request_id`), then every bucket (header frame + zero-copy
-        bytes)."""
-        manifest = msgspec.structs.replace(packed.manifest, request_id=request_id)
-        self.weights.send_multipart([identity, self._enc.encode(manifest)])
-        for i, data in enumerate(packed.buckets):
-            header = self._enc.encode(m.WeightBucket(version=packed.manifest.version, index=i,
-                                                     nbytes=len(data)))
-            self.weights.send_multipart([identity, header, data], copy=False)
-
 
 def _model_files(model_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, bytes]:
     """The small non-weight files of an HF model directory (config, tokenizer)."""

@@ -7,8 +7,9 @@ Learner (rank 0): each stretch of the train loop is one exclusive phase,
     prox                 step-start no-grad passes: pi_prox, the reference, the critic's values
     forward              pi_theta's forward and the loss
     backward_optimizer   backend.step: backward, gradient sum over ranks, clipping, AdamW
-    gather               the new version's full tensors packed into buckets (gather_weights)
-    announce             the version announced to actors (weights handed to the server thread)
+    gather               the new version's tensors gathered, cast to the engine dtype and queued
+                         for the packer thread (gather_weights; it blocks while the packer is a
+                         queue behind, learner/publisher.py, which announces the version itself)
     checkpoint           a checkpoint (after the row is written: counted in the next step's)
 
 Each metrics row has `time_frac_<phase>` = the phase's seconds / the step's wall time (from the
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from transport.messages import SPAN_STATES, Span
 
-LEARNER_PHASES = ("wait_buffer", "prox", "forward", "backward_optimizer", "gather", "announce",
+LEARNER_PHASES = ("wait_buffer", "prox", "forward", "backward_optimizer", "gather",
                   "checkpoint")
 
 

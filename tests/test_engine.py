@@ -106,25 +106,34 @@ def test_unpack_rejects_a_manifest_that_does_not_fit(tiny_model_dir):
 
 
 def test_unpack_gives_every_tensor_back_from_one_copy_per_bucket():
-    """Mixed dtypes put a float32 tensor at an offset that is not a multiple of 4 (pack does not
-    align), and an empty tensor: both come back equal. Tensors of a read-only bucket share one
-    copy of it (not one per tensor); a writable bucket is used in place."""
+    """Mixed dtypes and an empty tensor come back equal. pack aligns every tensor to 16 bytes,
+    so every tensor is a view: those of a read-only bucket share one copy of it (not one per
+    tensor); a writable bucket is used in place. A float32 tensor at an offset that is not a
+    multiple of 4 (a manifest not made by pack) gets a copy of its own."""
+    import msgspec
+
     state = {"h": torch.arange(3, dtype=torch.bfloat16), "f": torch.linspace(0, 1, 5),
              "b": torch.ones(1, dtype=torch.bfloat16), "e": torch.zeros(0, 4),
              "g": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
     packed = pack(state, 0, 1 << 20)
     offsets = [m.offset for m in packed.manifest.tensors]
-    assert packed.manifest.num_buckets == 1 and offsets == [0, 6, 26, 28, 28]
-    for buckets in (list(packed.buckets), [bytearray(b) for b in packed.buckets]):
+    assert packed.manifest.num_buckets == 1 and offsets == [0, 16, 48, 64, 64]
+    for buckets in (list(packed.buckets), [bytes(b) for b in packed.buckets]):
         out = unpack(packed.manifest, buckets)
         assert list(out) == list(state)
         for name, t in state.items():
             assert out[name].dtype == t.dtype and torch.equal(out[name], t), name
         base = out["h"].data_ptr()  # the bucket's copy (or the writable bucket itself)
-        assert out["g"].data_ptr() == base + 28
-        assert out["f"].data_ptr() != base + 6  # misaligned: a copy of its own
+        assert out["g"].data_ptr() == base + 64 and out["f"].data_ptr() == base + 16
+    out = unpack(packed.manifest, list(packed.buckets))  # bytearrays: writable
     out["g"][0, 0] = 7.0  # the writable bucket was not copied: its bytes changed too
-    assert torch.frombuffer(buckets[0][28:32], dtype=torch.float32).item() == 7.0
+    assert torch.frombuffer(packed.buckets[0][64:68], dtype=torch.float32).item() == 7.0
+    raw = bytearray(packed.buckets[0])
+    raw[6:26] = raw[16:36]  # f moved to offset 6: misaligned for float32
+    f = msgspec.structs.replace(packed.manifest.tensors[1], offset=6)
+    moved = msgspec.structs.replace(packed.manifest, tensors=[packed.manifest.tensors[0], f])
+    out = unpack(moved, [bytes(raw)])
+    assert torch.equal(out["f"], state["f"]) and out["f"].data_ptr() != out["h"].data_ptr() + 6
 
 
 def test_kv_cache_sampling_draws_from_the_full_context_distribution(engine):

@@ -298,10 +298,11 @@ def test_manifest_says_what_it_carries_and_is_validated_on_decode():
 
     packed = pack({"model.layers.0.mlp.up_proj.lora_A.weight": torch.ones(4, 8)}, 3, 1024,
                   kind="adapter", lora=m.LoraSpec(rank=4, alpha=8.0, targets=["up_proj"]))
-    raw = m.encoder().encode(packed.manifest)
-    got = m.Decoders().weights.decode(raw)
+    offer = m.WeightOffer(request_id=1, latest_version=3, manifests=[packed.manifest])
+    raw = m.encoder().encode(offer)
+    got = m.Decoders().weights.decode(raw).manifests[0]
     assert got.kind == "adapter" and got.lora.scale == 2.0 and got.lora.targets == ["up_proj"]
-    bad = msgspec.msgpack.encode({**msgspec.to_builtins(packed.manifest), "type": "manifest",
-                                  "kind": "delta"})
+    bad = msgspec.msgpack.encode({**msgspec.to_builtins(offer), "type": "offer", "manifests": [
+        {**msgspec.to_builtins(packed.manifest), "type": "manifest", "kind": "delta"}]})
     with pytest.raises(msgspec.ValidationError, match="kind"):
         m.Decoders().weights.decode(bad)

@@ -10,8 +10,15 @@ Channels (learner binds, actors connect):
                                                      -> Welcome, Reject, LeaseGrant, HeartbeatAck,
                                                         VersionAnnounce, Shutdown
     trajectory  actor PUSH     ->  learner PULL     GroupResult
-    weights     actor DEALER  <->  learner ROUTER   WeightRequest -> WeightManifest, then
-                                                     num_buckets x [WeightBucket header, raw bytes]
+    weights     actor DEALER  <->  learner ROUTER   WeightRequest -> WeightOffer (manifests with
+                                                       a digest per bucket, the relays)
+                                                     BucketRequest -> [WeightBucket header, bytes]
+                relay DEALER  <->  learner ROUTER   RelayHello -> RelayWelcome (its upstream);
+                                                     BucketRequest -> [WeightBucket header, bytes]
+                actor DEALER  <->  relay ROUTER     BucketRequest -> [WeightBucket header, bytes]
+
+Manifests (and their digests) come only from the learner; relays carry bucket bytes, which every
+receiver checks against the learner's digest (transport/weightsrc/).
 """
 
 from __future__ import annotations
@@ -22,11 +29,13 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
-and Welcome.leases_kept (which leases survive a learner restart)."""
+and Welcome.leases_kept (which leases survive a learner restart). 6: weights are offered
+(WeightOffer: manifests with a BLAKE2b digest per bucket, deltas, relays) and pulled bucket by
+bucket (BucketRequest), from the learner or a relay (RelayHello / RelayWelcome)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -275,7 +284,8 @@ def pack_group(*, lease_id: int, actor_id: str, prompt_id: int, samples: list[Sa
 # ---------------------------------------------------------------- weights
 
 class WeightRequest(msgspec.Struct, tag="weight_request"):
-    """Actor -> learner: send me the newest weights (if newer than `have_version`)."""
+    """Actor -> learner: offer me the newest weights (if newer than `have_version`, the version
+    whose decoded buckets the actor holds: deltas from it may be offered)."""
 
     actor_id: str
     have_version: int
@@ -283,9 +293,12 @@ class WeightRequest(msgspec.Struct, tag="weight_request"):
     """LoRA runs: the actor has no base weights of this run yet; the base (kind "base") is sent
     before the version. Ignored when the run trains full weights."""
     request_id: int = 0
-    """The actor's count of its requests; every manifest of the reply repeats it, so a reply to
+    """The actor's count of its requests; the WeightOffer repeats it, so a reply to
     an earlier request (ZeroMQ delivers requests queued while the learner was away to the next
     learner run, which answers each) is told apart and skipped."""
+    held_version: int = -1
+    """The version whose decoded buckets the actor keeps (deltas may be offered from it;
+    -1 = none kept: the full version is offered)."""
 
 
 class TensorMeta(msgspec.Struct):
@@ -321,36 +334,120 @@ WEIGHT_KINDS = ("full", "base", "adapter")
 per actor, before its first adapter) | a version's adapter tensors (models/lora.py names)."""
 
 
+WEIGHT_CODECS = ("raw", "xor-zstd")
+"""How a manifest's buckets are encoded: the tensors' bytes as they are | zstd of the XOR of
+those bytes with the same bucket of version `base_version` (transport/weightsrc/delta.py)."""
+
+
 class WeightManifest(msgspec.Struct, tag="manifest"):
-    """Learner -> actor: version `version` follows as `num_buckets` WeightBucket messages.
+    """Inside a WeightOffer (learner -> actor): version `version` as `num_buckets` buckets,
+    fetched one by one with BucketRequest(key, index) from the learner or a relay.
 
     With shared-filesystem weights (`transport.weights_via: filesystem`) `path` names the
-    safetensors file of this version and no buckets follow. `num_buckets == 0` with no `path`
-    means the actor already has the newest version. A LoRA run answers a request with
-    `need_base` by a "base" manifest and its buckets, then the version's "adapter" manifest."""
+    safetensors file of this version and there are no buckets. A LoRA run offers an actor
+    whose request said `need_base` a "base" manifest before the version's "adapter" one."""
 
     version: int
     tensors: list[TensorMeta]
     num_buckets: int
     total_bytes: int
+    """Bytes of all buckets as they travel (encoded)."""
     path: str = ""
     kind: Literal["full", "base", "adapter"] = "full"
     """One of WEIGHT_KINDS."""
     lora: LoraSpec | None = None
     """The adapter's rank, alpha and targets (set exactly when `kind` is "adapter")."""
     request_id: int = 0
-    """The `WeightRequest.request_id` this manifest answers (0 in the published version itself)."""
+    """Unused since protocol 6 (the WeightOffer carries the request id)."""
+    key: str = ""
+    """Names this version's buckets in BucketRequests: "f12" (version 12, raw), "d12" (the
+    delta from 11 to 12), "a12" (LoRA adapter), "b" (LoRA base)."""
+    codec: Literal["raw", "xor-zstd"] = "raw"
+    """One of WEIGHT_CODECS."""
+    base_version: int = -1
+    """xor-zstd: the version the delta applies to (always version - 1)."""
+    digests: list[bytes] = []
+    """BLAKE2b-128 of each bucket as it travels (checked before anything is decoded)."""
+    raw_digests: list[bytes] = []
+    """BLAKE2b-128 of each bucket's decoded bytes, the tensors' layout (= digests for raw)."""
+    raw_sizes: list[int] = []
+    """Each bucket's decoded size in bytes (what the tensors' offsets index)."""
+
+
+class RelayInfo(msgspec.Struct, frozen=True):
+    """A relay that serves weight buckets (learner -> actor in WeightOffer, -> relay)."""
+
+    relay_id: str
+    endpoint: str
+    host: str
+    """The relay's node (actors on the same host prefer it)."""
+
+
+class WeightOffer(msgspec.Struct, tag="offer"):
+    """Learner -> actor, the answer to a WeightRequest: what to fetch, in order. Empty
+    `manifests`: the actor has version `latest_version` already. Several manifests: the base
+    then an adapter (LoRA), or a chain of deltas from the actor's version (each applies to the
+    previous one)."""
+
+    request_id: int
+    """The WeightRequest's id, repeated (replies to earlier requests are skipped)."""
+    latest_version: int
+    manifests: list[WeightManifest]
+    relays: list[RelayInfo] = []
+    """Relays that serve these buckets, nearest the learner first (transport.weights_via=relay)."""
+    deltas: bool = False
+    """The learner sends deltas (transport.weight_full_every > 0): keep the decoded buckets."""
+
+
+class BucketRequest(msgspec.Struct, tag="bucket_request"):
+    """Actor or relay -> learner or relay: send bucket `index` of `key` (a manifest's key).
+    `digest` is the learner's digest of it: a relay that must fetch it checks it on arrival."""
+
+    peer_id: str
+    key: str
+    index: int
+    digest: bytes
+    request_id: int
 
 
 class WeightBucket(msgspec.Struct, tag="bucket"):
-    """Learner -> actor: header frame; the bucket's raw bytes follow as the next frame."""
+    """Learner or relay -> requester: header frame; the bucket's bytes follow as the next
+    frame. `found` false (no bytes follow): the sender does not hold it (an evicted version,
+    or a relay whose upstreams failed)."""
 
     version: int
     index: int
     nbytes: int
+    key: str = ""
+    request_id: int = 0
+    """The BucketRequest's id, repeated."""
+    found: bool = True
 
 
-WeightsToActor = WeightManifest | WeightBucket
+class RelayHello(msgspec.Struct, tag="relay_hello"):
+    """Relay -> learner every heartbeat_s: I serve buckets at `endpoint` (also a liveness beat:
+    a relay silent for peer_timeout_s leaves the tree)."""
+
+    relay_id: str
+    endpoint: str
+    host: str
+    protocol_version: int = PROTOCOL_VERSION
+    request_id: int = 0
+
+
+class RelayWelcome(msgspec.Struct, tag="relay_welcome"):
+    """Learner -> relay, the answer to RelayHello: fetch buckets from `upstream` (another
+    relay's endpoint; "" = the learner itself), falling back to the learner."""
+
+    upstream: str
+    latest_version: int
+    request_id: int = 0
+    """The RelayHello's id, repeated."""
+
+
+WeightsFromPeer = WeightRequest | BucketRequest | RelayHello
+"""What the learner's weights ROUTER receives (a relay's ROUTER: BucketRequest only)."""
+WeightsToPeer = WeightOffer | WeightBucket | RelayWelcome | Reject
 
 
 class Decoders:
@@ -360,8 +457,8 @@ class Decoders:
         self.from_actor = msgspec.msgpack.Decoder(ActorToLearner)
         self.to_actor = msgspec.msgpack.Decoder(LearnerToActor)
         self.trajectory = msgspec.msgpack.Decoder(GroupResult)
-        self.weight_request = msgspec.msgpack.Decoder(WeightRequest)
-        self.weights = msgspec.msgpack.Decoder(WeightsToActor)
+        self.weight_request = msgspec.msgpack.Decoder(WeightsFromPeer)
+        self.weights = msgspec.msgpack.Decoder(WeightsToPeer)
 
 
 def encoder() -> msgspec.msgpack.Encoder:

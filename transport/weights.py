@@ -1,12 +1,16 @@
 """Versioned weights as buckets of raw bytes.
 
-The learner packs a state dict once per version (`pack`); the same immutable byte buckets are
-sent to every actor that asks, zero-copy. Actors rebuild tensors with `unpack` without copying
-through Python objects. Only raw bytes + dtype + shape cross the wire, never pickle.
+The learner packs a state dict once per version (`pack`), casting each floating tensor to the
+engine's dtype as it copies it into its bucket (one copy per tensor, no intermediate bytes);
+the same immutable buckets are sent to every peer that asks, zero-copy. Every bucket has a
+BLAKE2b-128 digest in the manifest (`digest`), which every receiver checks. Tensors start at
+16-byte aligned offsets, so `unpack` rebuilds them as views of their bucket without copying.
+Only raw bytes + dtype + shape cross the wire, never pickle.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,42 +24,74 @@ _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
 }
+ALIGN = 16
+"""Every tensor's offset in its bucket, and every bucket's size, is a multiple of this."""
+
+
+def digest(data) -> bytes:
+    """BLAKE2b-128 of a bucket (hashlib releases the GIL while it hashes)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
 class PackedWeights:
-    """One published weight version: the manifest plus its buckets (immutable bytes)."""
+    """One published weight version: the manifest plus its buckets (immutable once built)."""
 
     manifest: WeightManifest
-    buckets: tuple[bytes, ...]
+    buckets: tuple
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int,
-         bucket_bytes: int, kind: str = "full", lora: LoraSpec | None = None) -> PackedWeights:
+         bucket_bytes: int, kind: str = "full", lora: LoraSpec | None = None,
+         dtype: torch.dtype | None = None) -> PackedWeights:
     """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own).
-    `state` may be a generator of (name, tensor): each tensor is needed only until it is packed,
-    so a sharded learner can gather one full tensor at a time. `kind`, `lora`: what the
-    manifest says it carries (transport/messages.py WEIGHT_KINDS)."""
+    `state` may be a generator of (name, tensor): each tensor is needed only until it is copied
+    into its bucket, so a sharded learner can gather one full tensor at a time. `dtype`: cast
+    floating-point tensors to it while copying (the engine's dtype; None keeps each tensor's).
+    `kind`, `lora`: what the manifest says it carries (transport/messages.py WEIGHT_KINDS)."""
     metas: list[TensorMeta] = []
-    buckets: list[bytes] = []
-    current: list[bytes] = []
+    buckets: list[bytearray] = []
+    current: bytearray | None = None
     size = 0
+
+    def close() -> None:
+        nonlocal current
+        del current[_aligned(size):]  # shrink in place (no view of it is alive)
+        buckets.append(current)
+        current = None
+
     for name, t in (state.items() if isinstance(state, Mapping) else state):
-        dtype = str(t.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
-            raise ValueError(f"cannot send tensor {name} of dtype {t.dtype}")
-        raw = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        if current and size + len(raw) > bucket_bytes:
-            buckets.append(b"".join(current))
-            current, size = [], 0
-        metas.append(TensorMeta(name=name, dtype=dtype, shape=tuple(t.shape),
-                                bucket=len(buckets), offset=size, nbytes=len(raw)))
-        current.append(raw)
-        size += len(raw)
-    if current:
-        buckets.append(b"".join(current))
+        out_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
+        name_dtype = str(out_dtype).removeprefix("torch.")
+        if name_dtype not in _DTYPES:
+            raise ValueError(f"cannot send tensor {name} of dtype {out_dtype}")
+        nbytes = t.numel() * out_dtype.itemsize
+        if current is not None and size + nbytes > bucket_bytes:
+            close()
+        if current is None:
+            current, size = bytearray(_aligned(min(bucket_bytes, max(nbytes, 1 << 20)))), 0
+        if size + nbytes > len(current):  # grow by doubling (amortised: <= 2 copies a byte)
+            current.extend(bytes(_aligned(max(size + nbytes, min(2 * len(current),
+                                                                  bucket_bytes))) - len(current)))
+        metas.append(TensorMeta(name=name, dtype=name_dtype, shape=tuple(t.shape),
+                                bucket=len(buckets), offset=size, nbytes=nbytes))
+        if nbytes:  # the cast happens in this copy, straight into the bucket
+            dst = torch.frombuffer(current, dtype=out_dtype, count=t.numel(), offset=size)
+            dst.copy_(t.detach().reshape(-1))
+            del dst
+        size = _aligned(size + nbytes)
+    if current is not None:
+        close()
+    digests = [digest(b) for b in buckets]
+    sizes = [len(b) for b in buckets]
+    key = {"full": f"f{version}", "base": "b", "adapter": f"a{version}"}[kind]
     manifest = WeightManifest(version=version, tensors=metas, num_buckets=len(buckets),
-                              total_bytes=sum(len(b) for b in buckets), kind=kind, lora=lora)
+                              total_bytes=sum(sizes), kind=kind, lora=lora, key=key,
+                              digests=digests, raw_digests=digests, raw_sizes=sizes)
     return PackedWeights(manifest=manifest, buckets=tuple(buckets))
 
 
@@ -104,7 +140,7 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
             state[m.name] = torch.empty(m.shape, dtype=dtype)
             continue
         raw = views[m.bucket][m.offset:m.offset + m.nbytes]
-        if m.offset % dtype.itemsize:  # pack does not align: such a tensor gets its own copy
+        if m.offset % dtype.itemsize:  # not packed here (pack aligns): this one is copied
             raw = bytearray(raw)
         state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
     return state

@@ -1,0 +1,347 @@
+"""The weight-source room (transport/weightsrc/): buckets in the engine dtype with digests,
+lossless deltas, offers, relays, and corrupt bytes refused. Real ZeroMQ sockets on loopback;
+the learner's side is its real WeightsService on a ROUTER served by a thread; the engine is a
+named fake sink that records what it loads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+import zmq
+import zmq.asyncio
+
+from configs.schema import TransportConfig
+from learner.publisher import Publisher
+from transport import messages as m
+from transport.weights import ALIGN, digest, pack, unpack
+from transport.weightsrc import delta
+from transport.weightsrc.base import SourceContext
+from transport.weightsrc.relay import Relay
+from transport.weightsrc.service import WeightsService
+from transport.weightsrc.store import Published, VersionStore
+from transport.weightsrc.zmq_pull import RelaySource, ZmqSource
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed": torch.randn(300, 64, generator=g) * 0.02,
+            "norm": torch.ones(64), "steps": torch.arange(7, dtype=torch.int64),
+            "mlp": torch.randn(64, 200, generator=g) * 0.02, "head": torch.randn(5, 3, generator=g)}
+
+
+def _step(state: dict, seed: int) -> dict:
+    """An optimizer-like step: every float weight moves by ~1e-5 relative (most bf16 bits stay)."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    return {k: v + v.abs() * 2e-3 * torch.randn(v.shape, generator=g) if v.is_floating_point()
+            else v for k, v in state.items()}
+
+
+def test_pack_casts_to_the_engine_dtype_into_aligned_views_with_digests():
+    state = _state()
+    packed = pack(state, 3, 16 * 1024, dtype=torch.bfloat16)
+    man = packed.manifest
+    assert man.num_buckets > 1 and man.key == "f3" and man.codec == "raw"
+    assert man.digests == [digest(b) for b in packed.buckets] == man.raw_digests
+    assert all(t.offset % ALIGN == 0 for t in man.tensors)
+    assert all(len(b) % ALIGN == 0 for b in packed.buckets)
+    got = unpack(man, list(packed.buckets))
+    for name, t in state.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    # views of the buckets, not copies
+    bucket = packed.buckets[man.tensors[0].bucket]
+    base = np.frombuffer(bucket, np.uint8).ctypes.data
+    assert base <= got["embed"].data_ptr() < base + len(bucket)
+    assert man.total_bytes == sum(len(b) for b in packed.buckets) == sum(man.raw_sizes)
+
+
+def test_deltas_rebuild_every_version_bit_for_bit():
+    states = [_state()]
+    for i in range(5):
+        states.append(_step(states[-1], i))
+    versions = [pack(s, v, 16 * 1024, dtype=torch.bfloat16) for v, s in enumerate(states)]
+    held = [bytearray(b) for b in versions[0].buckets]
+    for v in range(1, 6):
+        d = delta.make(versions[v], versions[v - 1])
+        assert d.manifest.key == f"d{v}" and d.manifest.base_version == v - 1
+        assert d.manifest.total_bytes < versions[v].manifest.total_bytes / 2
+        for i, (h, b) in enumerate(zip(held, d.buckets)):
+            assert digest(b) == d.manifest.digests[i]
+            delta.apply(h, b)
+            assert digest(h) == d.manifest.raw_digests[i]
+    assert [bytes(h) for h in held] == [bytes(b) for b in versions[5].buckets]
+    frac = delta.changed_fraction(versions[5], versions[4])
+    assert 0 < frac < 0.5
+    # a delta applied to the wrong base gives other bytes, which the raw digest exposes
+    wrong = [bytearray(b) for b in versions[0].buckets]
+    delta.apply(wrong[0], delta.make(versions[2], versions[1]).buckets[0])
+    assert digest(wrong[0]) != versions[2].manifest.raw_digests[0]
+
+
+def _published(states: list[dict], full_every: int) -> list[Published]:
+    out, prev = [], None
+    for v, s in enumerate(states):
+        p = pack(s, v, 16 * 1024, dtype=torch.bfloat16)
+        out.append(Published(full=p, delta=delta.make(p, prev) if prev and full_every else None))
+        prev = p
+    return out
+
+
+def test_offers_chain_deltas_resync_at_full_points_and_evict():
+    states = [_state()]
+    for i in range(8):
+        states.append(_step(states[-1], i))
+    pubs = _published(states, full_every=4)
+    store = VersionStore(full_every=4)
+    for p in pubs[:7]:  # v0..v6
+        store.add(p)
+    keys = lambda offer: [x.key for x in offer]  # noqa: E731
+    assert keys(store.offer(4, 4, False)) == ["d5", "d6"]
+    assert keys(store.offer(5, 5, False)) == ["d6"]
+    assert keys(store.offer(4, -1, False)) == ["f6"]  # keeps no decoded copy: full
+    assert keys(store.offer(3, 3, False)) == ["f6"]  # from before the full point v4
+    assert store.offer(6, 6, False) == []
+    store.add(pubs[7])
+    store.add(pubs[8])  # v8 is a full point: everyone resynchronises
+    assert keys(store.offer(7, 7, False)) == ["f8"]
+    assert sorted(k for k in store.blobs if k[0] == "f") == ["f7", "f8"]
+    assert not [k for k in store.blobs if k[0] == "d"]
+    assert store.bucket("f3", 0, "actor") is None and store.missing == 1
+
+
+# ---------------------------------------------------------------- over sockets
+
+class RecordingSink:
+    """A named fake engine client: keeps a copy of every version it loads."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.loaded: list[tuple[int, list[bytes]]] = []
+
+    async def load_packed(self, manifest: m.WeightManifest, buckets: list) -> None:
+        assert manifest.codec == "raw"
+        assert [digest(b) for b in buckets] == manifest.digests
+        unpack(manifest, list(buckets))  # the layout holds
+        self.loaded.append((manifest.version, [bytes(b) for b in buckets]))
+        self.version = manifest.version
+
+
+class LearnerSide:
+    """The learner's real WeightsService on a ROUTER, served by a thread (as its I/O thread
+    does); `add` publishes under the same lock."""
+
+    def __init__(self, t: TransportConfig) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.rejected: list[str] = []
+        self.service = WeightsService(self.sock, t, is_actor=lambda aid: aid.startswith("a"),
+                                      reject=lambda reason, detail: self.rejected.append(reason))
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if self.sock.poll(20):
+                with self.lock:
+                    self.service.handle(self.sock.recv_multipart())
+
+    def add(self, pub: Published) -> None:
+        with self.lock:
+            self.service.add(pub.full.manifest.version, pub)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def _source(cls, actx: zmq.asyncio.Context, learner: LearnerSide, t: TransportConfig,
+            actor_id: str = "a0"):
+    def connect(endpoint: str):
+        s = actx.socket(zmq.DEALER)
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        return s
+    return cls(SourceContext(actor_id=actor_id, learner=connect(learner.endpoint),
+                             learner_endpoint=learner.endpoint, connect=connect, transport=t,
+                             host="node-a"))
+
+
+class ByteFlippingRelay(Relay):
+    """A named fake relay: a real Relay that flips one byte of the first bucket it serves."""
+
+    flipped = 0
+
+    async def bucket(self, key, index, want):
+        data = await super().bucket(key, index, want)
+        if data is not None and not self.flipped:
+            self.flipped += 1
+            bad = bytearray(data)
+            bad[len(bad) // 2] ^= 0x40
+            return bytes(bad)
+        return data
+
+
+def _run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_a_corrupt_bucket_from_a_relay_is_refused_fetched_again_and_counted():
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2)
+    learner = LearnerSide(t)
+    pub = _published([_state()], full_every=0)[0]
+    learner.add(pub)
+
+    async def scenario():
+        stopped = asyncio.Event()
+        relay = ByteFlippingRelay(t, learner.endpoint, "relay-0", "127.0.0.1", "127.0.0.1")
+        running = asyncio.create_task(relay.run(stopped))
+        await relay.joined.wait()
+        actx = zmq.asyncio.Context()
+        src = _source(RelaySource, actx, learner, t)
+        sink = RecordingSink()
+        assert await src.pull(sink) is None
+        stopped.set()
+        await running
+        src.close()
+        actx.destroy(linger=0)
+        return src, sink, relay
+
+    try:
+        src, sink, relay = _run(scenario())
+    finally:
+        learner.close()
+    assert relay.flipped == 1
+    assert src.stats.corrupt_buckets == 1  # refused and counted ...
+    assert sink.loaded == [(0, [bytes(b) for b in pub.full.buckets])]  # ... and fetched again
+    assert src.stats.bytes_from[learner.endpoint] > 0  # from the learner, after the relay
+    assert learner.rejected == []
+
+
+def test_deltas_over_sockets_catch_up_bit_identical_and_resync_at_full_points():
+    t = TransportConfig(weight_full_every=3, peer_timeout_s=5, weight_bucket_bytes=16 * 1024)
+    learner = LearnerSide(t)
+    publisher = Publisher(t.weight_bucket_bytes, t.weight_full_every, learner.add)
+    states = [_state()]
+    for i in range(3):
+        states.append(_step(states[-1], i))
+
+    async def scenario():
+        actx = zmq.asyncio.Context()
+        src = _source(ZmqSource, actx, learner, t)
+        sink = RecordingSink()
+        sizes = []
+        for versions in ([0], [1, 2], [3]):
+            for v in versions:  # the packer thread packs and "announces"
+                publisher.publish(v, states[v].items(), dtype=torch.bfloat16)
+            publisher.wait()
+            before = sum(src.stats.bytes_from.values())
+            assert await src.pull(sink) is None
+            sizes.append(sum(src.stats.bytes_from.values()) - before)
+        assert await src.pull(sink) == 3  # has the newest
+        src.close()
+        actx.destroy(linger=0)
+        return sink, sizes
+
+    try:
+        sink, sizes = _run(scenario())
+    finally:
+        learner.close()
+    full = [pack(s, v, t.weight_bucket_bytes, dtype=torch.bfloat16) for v, s in enumerate(states)]
+    assert [v for v, _ in sink.loaded] == [0, 2, 3]
+    for v, buckets in sink.loaded:  # bit for bit what a full transfer would give
+        assert buckets == [bytes(b) for b in full[v].buckets]
+    total = full[0].manifest.total_bytes
+    assert sizes[0] == total and sizes[1] < total / 2 and sizes[2] == total  # v3: full point
+
+
+def test_a_relay_fetches_each_bucket_once_for_all_its_actors():
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2,
+                        weight_window=2)
+    learner = LearnerSide(t)
+    pub = _published([_state()], full_every=0)[0]
+    learner.add(pub)
+
+    async def scenario():
+        stopped = asyncio.Event()
+        relay = Relay(t, learner.endpoint, "relay-0", "127.0.0.1", "127.0.0.1")
+        running = asyncio.create_task(relay.run(stopped))
+        await relay.joined.wait()
+        actx = zmq.asyncio.Context()
+        srcs = [_source(RelaySource, actx, learner, t, actor_id=f"a{i}") for i in range(4)]
+        sinks = [RecordingSink() for _ in srcs]
+        await asyncio.gather(*(s.pull(k) for s, k in zip(srcs, sinks)))
+        stopped.set()
+        await running
+        for s in srcs:
+            s.close()
+        actx.destroy(linger=0)
+        return sinks, relay
+
+    try:
+        sinks, relay = _run(scenario())
+    finally:
+        learner.close()
+    total = pub.full.manifest.total_bytes
+    for sink in sinks:
+        assert sink.loaded == [(0, [bytes(b) for b in pub.full.buckets])]
+    sent = learner.service.store.sent_bytes
+    assert sent == {"relay": total}  # the learner sent the version once, to the relay
+    assert relay.counts["bytes_out"] == 4 * total
+
+
+def test_a_reply_to_an_earlier_request_is_skipped_with_its_bytes():
+    """A learner run that comes back answers every request ZeroMQ queued while it was away;
+    the earlier answers (and their buckets) are skipped, not loaded."""
+    t = TransportConfig(peer_timeout_s=5)
+    pubs = _published([_state(), _step(_state(), 0)], full_every=0)
+
+    async def scenario():
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+        learner = type("L", (), {"endpoint": endpoint})
+        src = _source(ZmqSource, ctx, learner, t)
+        src.learner.ids = iter(range(7, 100))  # six requests went out before
+        sink = RecordingSink()
+        enc = m.encoder()
+        dec = m.Decoders().weight_request
+
+        async def serve():
+            identity, payload = await router.recv_multipart()
+            req = dec.decode(payload)
+            assert req.request_id == 7
+            for rid, p in ((6, pubs[0]), (7, pubs[1])):  # request 6's late answer first
+                await router.send_multipart([identity, enc.encode(m.WeightOffer(
+                    request_id=rid, latest_version=p.full.manifest.version,
+                    manifests=[p.full.manifest]))])
+            for _ in range(pubs[1].full.manifest.num_buckets):
+                identity, payload = await router.recv_multipart()
+                b = dec.decode(payload)
+                data = pubs[1].full.buckets[b.index]
+                await router.send_multipart([identity, enc.encode(m.WeightBucket(
+                    version=1, index=b.index, nbytes=len(data), key=b.key,
+                    request_id=b.request_id - 1)), data])  # a stale bucket reply first
+                await router.send_multipart([identity, enc.encode(m.WeightBucket(
+                    version=1, index=b.index, nbytes=len(data), key=b.key,
+                    request_id=b.request_id)), data])
+
+        await asyncio.gather(serve(), src.pull(sink))
+        src.close()
+        router.close(linger=0)
+        ctx.destroy(linger=0)
+        return src, sink
+
+    src, sink = _run(scenario())
+    assert [v for v, _ in sink.loaded] == [1]  # not v0, and v1 once
+    assert src.learner.skipped >= 1 + pubs[1].full.manifest.num_buckets

@@ -1,0 +1,84 @@
+"""The learner's side of the weights channel: answers offers, buckets and relay hellos.
+
+Runs in the learner's I/O thread (learner/server.py hands it every frame of the weights
+ROUTER); non-blocking. Owns the VersionStore and the RelayTree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import msgspec
+import zmq
+
+from configs.schema import TransportConfig
+from transport import messages as m
+from transport.weights import PackedWeights
+from transport.weightsrc.store import Published, RelayTree, VersionStore
+
+
+class WeightsService:
+    def __init__(self, sock: zmq.Socket, t: TransportConfig, is_actor: Callable[[str], bool],
+                 reject: Callable[[str, str], None], base: PackedWeights | None = None) -> None:
+        """`sock`: the weights ROUTER (SNDHWM 0). `is_actor`: has this actor joined?
+        `reject(reason, detail)`: count and log a refused message."""
+        self.sock = sock
+        self.t = t
+        self.is_actor = is_actor
+        self.reject = reject
+        self.store = VersionStore(t.weight_full_every, base)
+        self.relays = RelayTree(t.relay_fanout, t.peer_timeout_s)
+        self.version = -1
+        self.enc = m.encoder()
+        self.dec = msgspec.msgpack.Decoder(m.WeightsFromPeer)
+
+    def add(self, version: int, pub: Published) -> None:
+        self.version = version
+        self.store.add(pub)
+
+    def handle(self, frames: list) -> None:
+        if len(frames) != 2:
+            self.reject("malformed", f"weight request with {len(frames)} frames")
+            return
+        identity, payload = frames
+        try:
+            req = self.dec.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.reject("malformed", f"weights: {e}")
+            return
+        match req:
+            case m.RelayHello() if req.protocol_version != m.PROTOCOL_VERSION:
+                self.reject("protocol_version", f"relay {req.relay_id!r} speaks "
+                            f"v{req.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}")
+            case m.RelayHello():
+                upstream = self.relays.hello(req)
+                self._send(identity, m.RelayWelcome(upstream=upstream,
+                                                    latest_version=self.version,
+                                                    request_id=req.request_id))
+            case m.WeightRequest() if not self.is_actor(req.actor_id):
+                self.reject("not_registered", f"weights: actor {req.actor_id!r} must send "
+                            "Hello first")
+            case m.WeightRequest():
+                manifests = self.store.offer(req.have_version, req.held_version, req.need_base)
+                relays = self.relays.ordered() if self.t.weights_via == "relay" else []
+                self._send(identity, m.WeightOffer(
+                    request_id=req.request_id, latest_version=self.version, manifests=manifests,
+                    relays=relays, deltas=self.t.weight_full_every > 0))
+            case m.BucketRequest():
+                kind = ("actor" if self.is_actor(req.peer_id) else
+                        "relay" if self.relays.is_relay(req.peer_id) else None)
+                if kind is None:
+                    self.reject("not_registered", f"weights: peer {req.peer_id!r} is neither a "
+                                "joined actor nor a relay")
+                    return
+                data = self.store.bucket(req.key, req.index, kind)
+                head = m.WeightBucket(version=self.version, index=req.index,
+                                      nbytes=0 if data is None else len(data), key=req.key,
+                                      request_id=req.request_id, found=data is not None)
+                if data is None:
+                    self._send(identity, head)
+                else:
+                    self.sock.send_multipart([identity, self.enc.encode(head), data], copy=False)
+
+    def _send(self, identity: bytes, msg) -> None:
+        self.sock.send_multipart([identity, self.enc.encode(msg)])
