@@ -10,7 +10,6 @@ Only raw bytes + dtype + shape cross the wire, never pickle.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from transport.messages import LoraSpec, TensorMeta, WeightManifest
+from transport.weightsrc.integrity import digest
 
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -26,11 +26,6 @@ _DTYPES = {
 }
 ALIGN = 16
 """Every tensor's offset in its bucket, and every bucket's size, is a multiple of this."""
-
-
-def digest(data) -> bytes:
-    """BLAKE2b-128 of a bucket (hashlib releases the GIL while it hashes)."""
-    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 @dataclass(frozen=True)

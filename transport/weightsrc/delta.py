@@ -8,12 +8,17 @@ then is v+1, bit for bit (its BLAKE2b is checked against the learner's `raw_dige
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 import numpy as np
 import zstandard
 
 from transport.messages import WeightManifest
-from transport.weights import PackedWeights, digest
+from transport.weightsrc.integrity import digest
+
+if TYPE_CHECKING:  # transport.weights imports torch: actors decode deltas without it
+    from transport.weights import PackedWeights
 
 LEVEL = 1
 """zstd level: 1 is several hundred MB/s per core and already removes the zero runs."""
@@ -53,7 +58,7 @@ def make(new: PackedWeights, old: PackedWeights) -> PackedWeights | None:
     manifest = msgspec.structs.replace(
         nm, key=f"d{nm.version}", codec="xor-zstd", base_version=om.version,
         digests=[digest(b) for b in buckets], total_bytes=sum(len(b) for b in buckets))
-    return PackedWeights(manifest=manifest, buckets=buckets)
+    return type(new)(manifest=manifest, buckets=buckets)
 
 
 def changed_fraction(new: PackedWeights, old: PackedWeights, itemsize: int = 2) -> float:

@@ -38,16 +38,18 @@ class PeerLink:
     def next_id(self) -> int:
         return next(self.ids)
 
-    async def ask(self, msg, request_id: int) -> tuple[object, zmq.Frame | None]:
+    async def ask(self, msg, request_id: int,
+                  timeout_s: float | None = None) -> tuple[object, zmq.Frame | None]:
         """Send `msg` (whose request_id is `request_id`) and wait for its reply: (message,
-        the bytes frame that followed it or None). Raises TimeoutError after timeout_s."""
+        the bytes frame that followed it or None). Raises TimeoutError after `timeout_s`
+        (default: the link's)."""
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         fut = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = fut
         try:
             await self.sock.send(self.enc.encode(msg))
-            return await asyncio.wait_for(fut, self.timeout_s)
+            return await asyncio.wait_for(fut, timeout_s or self.timeout_s)
         finally:
             self.waiting.pop(request_id, None)
 

@@ -42,7 +42,7 @@ from configs.schema import TransportConfig
 from transport import messages as m
 from transport import security
 from transport.sockets import bind, configure
-from transport.weights import digest
+from transport.weightsrc.integrity import digest
 from transport.weightsrc.link import PeerLink
 
 log = logging.getLogger(__name__)
@@ -176,12 +176,15 @@ class Relay:
         return data
 
     async def _fetch(self, key: str, index: int, want: bytes):
+        """From the upstream relay, then the learner; each gets a third of peer_timeout_s, so
+        a peer waiting on us (peer_timeout_s) gets the bucket before it gives up on us, also
+        when our upstream died (and its upstream did, and so on up the tree)."""
         for link in [x for x in (self.upstream, self.learner) if x is not None]:
             rid = link.next_id()
             req = m.BucketRequest(peer_id=self.relay_id, key=key, index=index, digest=want,
                                   request_id=rid)
             try:
-                head, data = await link.ask(req, rid)
+                head, data = await link.ask(req, rid, self.t.peer_timeout_s / 3)
             except TimeoutError:
                 self.counts["upstream_failures"] += 1
                 continue

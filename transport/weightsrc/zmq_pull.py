@@ -27,7 +27,7 @@ import msgspec
 import zmq
 
 from transport import messages as m
-from transport.weights import digest
+from transport.weightsrc.integrity import digest
 from transport.weightsrc import delta
 from transport.weightsrc.base import PullStats, SourceContext, WeightSink
 from transport.weightsrc.link import PeerLink
