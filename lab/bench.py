@@ -1,7 +1,7 @@
 """Tether benchmarks. Every figure is a ratio against a baseline measured in the same run.
 
-    .venv/bin/python scripts/bench.py                 # all sections, writes runs/bench/bench.json
-    .venv/bin/python scripts/bench.py --only transport weights
+    .venv/bin/python lab/bench.py                 # all sections, writes runs/bench/bench.json
+    .venv/bin/python lab/bench.py --only transport weights
 
 Sections:
   transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
@@ -22,15 +22,15 @@ Sections:
              VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
   e2e_vllm   the same with vLLM actors (update_mode keep).
-  peer       TRL's synchronous GRPOTrainer (scripts/bench_peer.py, in the bench-only venv
-             .venv-bench made by scripts/env_bench.sh) vs Tether's toy preset on the same model,
+  peer       TRL's synchronous GRPOTrainer (lab/bench_peer.py, in the bench-only venv
+             .venv-bench made by lab/env_bench.sh) vs Tether's toy preset on the same model,
              task and hyper-parameters, seeds 0-2 one after the other: steps/s and seconds to a
              sampled reward of 0.8 (20-step mean). Skipped, with a note, without that venv.
   real       (not in the default set: 2 x --real-minutes of wall time, 80 min by default) the
              SmolLM2-135M preset configs/smollm2_add_40min.yaml at max_staleness 1 vs 0 with
              the same training time: steps/s, held-out reward at the end and the learner's idle
              fraction from the step timeline (metrics.jsonl).
-  sglang     scripts/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
+  sglang     lab/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
              scripts/env_sglang.sh; SGLang pins another torch), its rows merged here: SGLang
              tokens/s through our SGLangEngine vs bare Engine.async_generate, apply-weights time.
              Skipped, with a note, where that venv is absent.
@@ -65,7 +65,7 @@ TRANSPORT_SIZES = ((8, 20000), (1024, 8000), (16384, 500))
 """`transport`'s (tokens per sample, groups per measurement): about 0.5 to 1 s per measurement
 here (2000 groups at 1024 and 100 at 16384 until 2026-12-04 lasted 0.1 to 0.4 s). The longer
 window did not narrow the spread of back-to-back pairs on this VM (16384: 0.33-2.24 before,
-0.39-2.60 after; docs/benchmarks.md). 500 groups at 16384 are 850 MB of frames, held by the
+0.39-2.60 after; lab/notes/benchmarks.md). 500 groups at 16384 are 850 MB of frames, held by the
 sender and again by the receiver."""
 
 
@@ -578,7 +578,7 @@ def bench_peer(work: Path, model_dir: Path, steps: int, seeds: list[int], target
     `train()`; time to reward is counted from there."""
     python = ROOT / ".venv-bench" / "bin" / "python"
     if not python.exists():
-        print("[bench] peer: skipped, no .venv-bench (bash scripts/env_bench.sh makes it)")
+        print("[bench] peer: skipped, no .venv-bench (bash lab/env_bench.sh makes it)")
         return None
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out: dict = {"steps": steps, "target_train_reward_20step_avg": target, "seeds": {}}
@@ -586,7 +586,7 @@ def bench_peer(work: Path, model_dir: Path, steps: int, seeds: list[int], target
         r = _learner_run(work / f"peer_tether_s{seed}", model_dir,
                          [f"learner.max_steps={steps}", f"learner.seed={seed}"], 1800)
         trl_json = work / f"peer_trl_s{seed}.json"
-        subprocess.run([str(python), str(ROOT / "scripts" / "bench_peer.py"), "--model",
+        subprocess.run([str(python), str(ROOT / "lab" / "bench_peer.py"), "--model",
                         str(model_dir), "--steps", str(steps), "--seed", str(seed), "--out",
                         str(trl_json)], check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         trl = json.loads(trl_json.read_text())
@@ -640,7 +640,7 @@ def bench_real(work: Path, minutes: float) -> dict:
 
 
 def bench_sglang(out: Path) -> dict | None:
-    """scripts/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
+    """lab/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
     python = ROOT / ".venv-sglang" / "bin" / "python"
     if not python.exists():
         print("[bench] sglang: skipped, no .venv-sglang (bash scripts/env_sglang.sh makes it)")
@@ -648,7 +648,7 @@ def bench_sglang(out: Path) -> dict | None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode:
         env["PYTHONPATH"] = str(ROOT / "tests" / "sglang_cpu_shim")  # CPU: the sgl_kernel stand-in
-    subprocess.run([str(python), str(ROOT / "scripts" / "bench_sglang.py"), "--out", str(out)],
+    subprocess.run([str(python), str(ROOT / "lab" / "bench_sglang.py"), "--out", str(out)],
                    check=True, env=env)
     return json.loads((out / "bench_sglang.json").read_text())
 
