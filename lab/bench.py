@@ -2,6 +2,11 @@
 
     .venv/bin/python lab/bench.py                 # all sections, writes runs/bench/bench.json
     .venv/bin/python lab/bench.py --only transport weights
+    .venv/bin/python lab/bench.py --only transport --update-baselines   # new guarded figures
+
+Each run's guarded figures are also compared with lab/baselines/bench.json (the figures
+docs/performance.md quotes, each with the commit and machine that measured it) and with the
+issue's aim where one was set; `--update-baselines` writes the run's own into that file.
 
 Sections:
   transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
@@ -662,6 +667,8 @@ def main() -> None:
     p.add_argument("--transport-repeats", type=int, default=3,
                    help="pairs (Tether, raw, raw keeping) measured per size in `transport`, "
                         "alternating; each side reports its median, and each pair its own ratio")
+    p.add_argument("--update-baselines", action="store_true",
+                   help=f"write this run's figures into {BASELINES.relative_to(ROOT)} (commit, machine)")
     p.add_argument("--real-minutes", type=float, default=30.0,
                    help="training minutes per run of the `real` section (each run adds start-up, "
                         "two held-out evaluations and the export, ~10 min)")
@@ -704,10 +711,67 @@ def main() -> None:
         if "peer" in ns.only and (row := bench_peer(work, model_dir, steps=300, seeds=[0, 1, 2],
                                                       target=0.8)) is not None:
             res["peer"] = row
+    baselines = json.loads(BASELINES.read_text())
+    res["against_baselines"] = against_baselines(res, baselines)
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     table = render(res)
     (out / "bench.md").write_text(table)
     print(table)
+    print("\n".join(["Against lab/baselines/bench.json:", *res["against_baselines"]]))
+    if ns.update_baselines:
+        BASELINES.write_text(json.dumps(update_baselines(res, baselines), indent=1, ensure_ascii=False) + "\n")
+
+
+BASELINES = ROOT / "lab" / "baselines" / "bench.json"
+
+
+def figure(res: dict, path: str) -> float | None:
+    """The figure at a baseline's key path in bench.json's results (None when this run lacks it);
+    a list (`transport`) is entered by its entries' tokens_per_sample."""
+    node = res
+    for part in path.split("."):
+        if isinstance(node, list):
+            node = {str(x["tokens_per_sample"]): x for x in node}
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def meets(value: float, aim: str) -> bool:
+    """`aim` is ">= X" or "<= X"."""
+    op, bound = aim.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+def against_baselines(res: dict, baselines: dict) -> list[str]:
+    """One line per baseline figure this run measured: the run's value, the baseline's (with its
+    commit and machine) and, where the issue set an aim, whether each meets it."""
+    lines = []
+    for path, base in baselines["figures"].items():
+        value = figure(res, path)
+        if value is None:
+            continue
+        aim = f"; aim {base['aim']}: {'met' if meets(value, base['aim']) else 'not met'}" if "aim" in base else ""
+        lines.append(f"{path}: {value:.3g} (baseline {base['value']:g} at {base['commit']} on machine "
+                     f"{base['machine']}: x{value / base['value']:.2f}){aim}")
+    return lines
+
+
+def update_baselines(res: dict, baselines: dict) -> dict:
+    """The baselines with every figure this run measured replaced by this run's, stamped with the
+    checked-out commit and this machine."""
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    mach = res["machine"]
+    name = f"{mach['cpus']}cpu-{platform.node()}"
+    baselines["machines"][name] = f"{mach['cpus']} CPUs, {mach['platform']}, torch {mach['torch']}, libzmq {mach['libzmq']}"
+    for path, base in baselines["figures"].items():
+        value = figure(res, path)
+        if value is not None:
+            base.update(value=round(value, 3), commit=commit, machine=name)
+            base.pop("note", None)
+    return baselines
 
 
 def _ratios(xs: list[float]) -> str:
