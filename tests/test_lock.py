@@ -57,7 +57,8 @@ def test_the_sglang_lock_pins_every_sglang_requirement():
     wanted = [x.split("#")[0].strip() for x in lines if x.split("#")[0].strip()]
     assert len(wanted) > 20
     bad = _unpinned(wanted, _pins(SGLANG_LOCK))
-    assert not bad, f"scripts/sglang_cpu_requirements.txt asks for what scripts/lock_sglang.txt does not pin: {bad}; {REFRESH}"
+    assert not bad, (f"scripts/sglang_cpu_requirements.txt asks for what scripts/lock_sglang.txt "
+                     f"does not pin: {bad}; {REFRESH}")
 
 
 def test_this_venv_holds_the_locked_versions():
