@@ -6,7 +6,7 @@ actors (actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.
 
-Weight updates (`actors.update_mode`), each with the engine paused so a version lands whole:
+Weight updates (`actors.engine.update_mode`), each with the engine paused so a version lands whole:
 
     wait   new requests queue; once the running ones have finished: pause, load, continue
     keep   pause(mode="retract"): running requests go back to the queue and drop their KV;

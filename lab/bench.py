@@ -102,7 +102,7 @@ def _server(num_groups: int, model_dir: Path, **transport):
 
     overrides = [f"transport.{k}={v}" for k, v in transport.items()]
     cfg = load_config(PRESET, [f"buffer.capacity_groups={max(num_groups, 16)}",
-                               "task.max_new_tokens=16384", "actors.max_total_tokens=16384",
+                               "task.max_new_tokens=16384",
                                *overrides])
     leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
     leases.grant("bench", "", num_groups, version=0)
@@ -408,7 +408,7 @@ def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigm
     for eta in (0, 2):
         r = _learner_run(work / f"pipe_eta{eta}", model_dir, [
             f"max_staleness={eta}", f"learner.max_steps={steps}", "actors.engine=simulated",
-            f"actors.sim_latency_mean_s={latency}", f"actors.sim_latency_sigma={sigma}",
+            f"actors.engine.latency_mean_s={latency}", f"actors.engine.latency_sigma={sigma}",
             "actors.num_local=2", "actors.groups_per_request=8", "task.eval_prompts=8"], 600)
         rows = r["rows"][5:]  # skip warm-up
         period = (rows[-1]["time_s"] - rows[0]["time_s"]) / (len(rows) - 1)
@@ -423,12 +423,16 @@ def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigm
     return out
 
 
+ENGINE_OVERRIDES = {"hf": [], "vllm": ["actors.engine.kv_cache_gb=0.25"]}
+"""What bench_e2e sets besides `actors.engine` for each engine it runs."""
+
+
 def bench_e2e(work: Path, model_dir: Path, steps: int, target: float, engine: str) -> dict:
     out = {"engine": engine}
     for eta in (0, 2):
         r = _learner_run(work / f"e2e_{engine}_eta{eta}", model_dir,
                          [f"max_staleness={eta}", f"learner.max_steps={steps}",
-                          f"actors.engine={engine}", "actors.vllm_kv_cache_gb=0.25"], 1800)
+                          f"actors.engine={engine}", *ENGINE_OVERRIDES[engine]], 1800)
         rows = r["rows"]
         hit = _reward_hit(rows, target)
         train_wall = rows[-1]["time_s"]
@@ -473,7 +477,7 @@ def bench_rollout(model_dir: Path, batches: int) -> dict:
 
 
 def bench_hf_logprobs(toy: Path, batches: int) -> dict:
-    """`actors.hf_logprobs`: HF engine tokens/s with the extra full forward for behavior
+    """`actors.engine.logprobs`: HF engine tokens/s with the extra full forward for behavior
     logprobs (forward, the default) vs reading them off the sampling steps (sampling), on the
     toy model (64 x 5 tokens, the preset's batch) and on SmolLM2-135M (8 x 32 tokens)."""
     from safetensors.torch import load_file
@@ -819,7 +823,7 @@ def render(res: dict) -> str:
                     f"bare engine {r['hf_bare_tokens_per_s']:.0f} | {r['client_vs_bare']:.2f} |")
     if "rollout" in res:
         for name, row in res["rollout"]["logprobs_pass"].items():
-            rows.append(f"| HF engine tokens/s, {name}, actors.hf_logprobs=sampling vs forward | "
+            rows.append(f"| HF engine tokens/s, {name}, actors.engine.logprobs=sampling vs forward | "
                         f"{row['sampling_tokens_per_s']:.0f} | {row['forward_tokens_per_s']:.0f} | "
                         f"{row['sampling_vs_forward']:.2f} |")
     if "vllm" in res:

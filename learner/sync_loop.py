@@ -19,7 +19,7 @@ import torch
 from actors.engine import GenerateRequest, sample_seed
 from actors.hf_engine import HFEngine
 from buffer.record import TrajGroup
-from configs.schema import TetherConfig
+from configs.schema import HFEngineConfig, TetherConfig
 from learner.advantages import is_uniform
 from learner.backend import SingleProcessBackend
 from learner.distributed import Ranks, make_models
@@ -42,7 +42,8 @@ def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
     models = make_models(cfg, Ranks(0, 1, torch.device("cpu")), backend)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id, models=models,
                       eos_id=tokenizer.eos_token_id)
-    engine = HFEngine(cfg.model.path, logprobs=cfg.actors.hf_logprobs)
+    hf = cfg.actors.engine if cfg.actors.engine.kind == "hf" else HFEngineConfig()
+    engine = HFEngine(cfg.model.path, logprobs=hf.logprobs)
     if backend.lora is not None:  # LoRA: the base once, then each version's adapter
         engine.load_base({k: v.clone() for k, v in backend.state_dict().items()})
     cursor = 0
