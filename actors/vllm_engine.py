@@ -185,18 +185,27 @@ class VLLMEngine:
         if manifest.kind == "adapter":
             await self._load_adapter(manifest, buckets)
             return
-        raw = msgspec.msgpack.encode(manifest)
-        args = (raw, [bytes(b) for b in buckets])
         if manifest.kind == "base":  # once per learner run; running requests finish first
             async with self._updating:
                 self._open.clear()
                 await self.llm.pause_generation(mode="wait", clear_cache=False)
-                await self.llm.collective_rpc("tether_load_packed", args=args)
+                await self._stream(manifest, buckets)
                 await self.llm.reset_prefix_cache(reset_running_requests=True)
                 self._open.set()
                 await self.llm.resume_generation()
             return
-        await self._update(manifest.version, "tether_load_packed", args)
+        await self._update(manifest.version, self._stream(manifest, buckets))
+
+    async def _stream(self, manifest, buckets: list) -> None:
+        """Load a version in vLLM's worker one bucket per RPC (actors/vllm_worker.py): the
+        RPC's serialisation copies one bucket at a time, never the whole model."""
+        from transport.weights import bucket_manifest
+
+        await self.llm.collective_rpc("tether_begin_load")
+        for i, bucket in enumerate(buckets):
+            raw = msgspec.msgpack.encode(bucket_manifest(manifest, i))
+            await self.llm.collective_rpc("tether_load_bucket", args=(raw, bytes(bucket)))
+        await self.llm.collective_rpc("tether_end_load")
 
     async def _load_adapter(self, manifest, buckets: list) -> None:
         """Add version `manifest.version`'s adapter; new requests use it from now on."""
@@ -234,13 +243,14 @@ class VLLMEngine:
             shutil.rmtree(request.lora_path)
 
     async def load_file(self, path: str, version: int) -> None:
-        await self._update(version, "tether_load_file", (path,))
+        await self._update(version, self.llm.collective_rpc("tether_load_file", args=(path,)))
 
-    async def _update(self, version: int, method: str, args: tuple) -> None:
+    async def _update(self, version: int, load) -> None:
+        """Pause as `update_mode` says, run the awaitable `load`, resume on `version`."""
         async with self._updating:
             self._open.clear()
             await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
-            await self.llm.collective_rpc(method, args=args)
+            await load
             await self.llm.reset_prefix_cache(reset_running_requests=True)
             await self.llm.update_weight_version(str(version))
             self.version = version

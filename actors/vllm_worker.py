@@ -4,6 +4,13 @@ vLLM calls these methods through `AsyncLLM.collective_rpc`. Only bytes and strin
 boundary (vLLM's RPC does not carry tensors), so the worker rebuilds tensors itself with
 `transport.weights.unpack`. `model_runner.reload_weights` is the path that works on CPU as well
 as GPU (`model.load_weights` breaks on CPU, where oneDNN has pre-packed the linear weights).
+
+A version streams in bucket by bucket: `tether_begin_load`, then `tether_load_bucket` once per
+bucket (one bucket's bytes per RPC: the RPC's copies are of one bucket, never of the model), then
+`tether_end_load`. These are the three phases of vLLM's own in-place reload
+(model_loader/reload: initialize_layerwise_reload, model.load_weights, finalize_layerwise_reload),
+spread over several calls; a layer is processed (e.g. re-packed for oneDNN) once all its tensors
+have arrived.
 """
 
 from __future__ import annotations
@@ -39,6 +46,32 @@ class TetherWorkerExtension:
         manifest = msgspec.msgpack.decode(manifest_raw, type=WeightManifest)
         self._tether_reload(unpack(manifest, buckets))
         return manifest.version
+
+    def tether_begin_load(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.get_model())
+
+    def tether_load_bucket(self, manifest_raw: bytes, bucket: bytes) -> int:
+        """One bucket (its manifest from transport.weights.bucket_manifest); returns the
+        number of tensors loaded."""
+        from models.tied import with_head
+        from transport.messages import WeightManifest
+        from transport.weights import unpack
+
+        manifest = msgspec.msgpack.decode(manifest_raw, type=WeightManifest)
+        state = with_head(unpack(manifest, [bucket]))
+        self.model_runner.get_model().load_weights(iter(state.items()))
+        return len(state)
+
+    def tether_end_load(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        runner = self.model_runner
+        finalize_layerwise_reload(runner.get_model(), runner.vllm_config.model_config)
+        runner.reset_lora_state()
+        runner.reset_encoder_cache()
+        runner.reset_mm_cache()
 
     def tether_load_file(self, path: str) -> None:
         from safetensors.torch import load_file

@@ -304,21 +304,11 @@ class TransportConfig(Section):
     weight_bucket_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
     weights_via: Literal["zmq", "relay", "filesystem", "nccl"] = "zmq"
-    """How actors get weights (transport/weightsrc/): zmq (buckets from the learner's weights
-    socket) | relay (buckets from relays, `python -m transport.weightsrc.relay`, one per node;
-    the learner when none answers) | filesystem (safetensors files in weights_dir, which every
-    actor must see at the same path; the socket carries only the version notice) | nccl (GPU:
-    a broadcast from the learner into the engines, docs/design/weights.md)."""
+    """zmq | relay (per-node relays) | filesystem (weights_dir) | nccl (GPU)."""
     weight_full_every: NonNegative = 0
-    """K > 0: a version is offered as a lossless delta (XOR + zstd) from the actor's version,
-    and in full at every multiple of K and to actors too far behind; actors then keep one host
-    copy of the decoded weights. 0 = always full versions."""
-    weight_window: Annotated[int, Meta(ge=1, le=64)] = 4
-    """Weight buckets an actor (or relay) has in flight at once."""
+    """K > 0: lossless deltas, a full version every K."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 4
-    """Relays each relay feeds in the relay tree (relay 0 feeds from the learner)."""
-    relay_keep_versions: Annotated[int, Meta(ge=1)] = 4
-    """A relay keeps the buckets of this many of the newest versions."""
+    """Relays fed by each relay."""
     weights_dir: str = ""
     """filesystem weights: shared directory for the version files (default: run_dir/weights)."""
     curve_server_secret: str = ""

@@ -267,14 +267,20 @@ def _serve_weights(model_dir: Path, packed, k: int) -> float:
     """Seconds for the learner's weights socket to serve `packed` to k receivers at once."""
     from learner.server import ActorState
 
+    from transport.weightsrc.store import Published
+
     server, _ = _server(1, model_dir)
     for i in range(k):
         server.actors[f"r{i}"] = ActorState(identity=b"", last_seen=time.monotonic() + 1e9)
-    server.announce(1, packed)
+    server.announce(1, Published(full=packed))
     server.start()
     elapsed = _receive_all(server.endpoints["weights"], k, packed.manifest.num_buckets, ours=True)
     server.stop("bench done")
     return elapsed
+
+
+WINDOW = 4
+"""Bucket requests in flight per receiver (as transport/weightsrc/zmq_pull.py WINDOW)."""
 
 
 def _receive_all(endpoint: str, k: int, num_buckets: int, ours: bool) -> float:
@@ -287,10 +293,24 @@ def _receive_all(endpoint: str, k: int, num_buckets: int, ours: bool) -> float:
 
     def one(i: int, s: zmq.Socket) -> None:
         barrier.wait()
-        s.send(m.encoder().encode(m.WeightRequest(actor_id=f"r{i}", have_version=0)) if ours else b"go")
-        s.recv()  # manifest
-        for _ in range(num_buckets):
+        if not ours:  # the raw router pushes every bucket after one request
+            s.send(b"go")
+            s.recv()  # manifest
+            for _ in range(num_buckets):
+                s.recv_multipart(copy=False)
+            return
+        # Tether's protocol: the offer, then each bucket asked for, WINDOW of them in flight
+        enc = m.encoder()
+        s.send(enc.encode(m.WeightRequest(actor_id=f"r{i}", have_version=0, request_id=1)))
+        man = m.Decoders().weights.decode(s.recv()).manifests[0]
+        ask = lambda j: s.send(enc.encode(m.BucketRequest(  # noqa: E731
+            peer_id=f"r{i}", key=man.key, index=j, digest=man.digests[j], request_id=j)))
+        for j in range(min(WINDOW, num_buckets)):
+            ask(j)
+        for j in range(num_buckets):
             s.recv_multipart(copy=False)
+            if j + WINDOW < num_buckets:
+                ask(j + WINDOW)
 
     threads = [threading.Thread(target=one, args=(i, s)) for i, s in enumerate(socks)]
     for t in threads:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -118,6 +119,7 @@ class Publisher:
                     while not self._jobs:
                         self._cond.wait()
                     version, kind, lora = self._jobs.popleft()
+                t0 = time.monotonic()
                 packed = pack(self._stream(), version, self.bucket_bytes, kind=kind, lora=lora)
                 d = None
                 if (self.full_every and prev is not None
@@ -126,6 +128,10 @@ class Publisher:
                 prev = packed if kind == "full" else None
                 pub = Published(full=packed, delta=d)
                 self.deliver(pub)
+                log.info("published v%d (%s): %d buckets, %.1f MB%s, packed in %.2f s", version,
+                         kind, packed.manifest.num_buckets, packed.manifest.total_bytes / 1e6,
+                         f", delta {d.manifest.total_bytes / 1e6:.1f} MB" if d else "",
+                         time.monotonic() - t0)
                 with self._cond:
                     self._latest = pub
                     self._pending -= 1

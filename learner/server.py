@@ -14,7 +14,7 @@ What blocks where:
   * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
     the immutable buckets of the versions held, so queueing them costs no copies, and a
     ROUTER at its high-water mark would silently drop buckets. Peers pull one bucket per
-    request with at most `transport.weight_window` in flight each, so what is queued for a
+    request with a few in flight each (transport/weightsrc/zmq_pull.py WINDOW), so what is queued for a
     peer is bounded by its window (transport/weightsrc/).
 """
 

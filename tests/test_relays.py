@@ -38,8 +38,7 @@ def test_a_relay_killed_mid_transfer_costs_no_version_and_no_group(tmp_path, tin
     lp = procs.learner(run, tiny_model_dir, "actors.num_local=0", f"learner.max_steps={steps}",
                        "learner.log_every=1", "transport.heartbeat_s=0.25",
                        "transport.peer_timeout_s=4", "max_staleness=1",
-                       "transport.weights_via=relay", "transport.weight_bucket_bytes=4096",
-                       "transport.weight_window=2")
+                       "transport.weights_via=relay", "transport.weight_bucket_bytes=4096")
     relays, actors = [], []
     try:
         lp.wait_for(r"learner listening", timeout=120)
@@ -47,8 +46,9 @@ def test_a_relay_killed_mid_transfer_costs_no_version_and_no_group(tmp_path, tin
             relays.append(_relay(run, rid))
             relays[-1].wait_for(r"serving at", timeout=60)
         ids = _actor_ids(2, relays=2)  # one pulls through r0, one through r1
-        actors = [procs.actor(run, aid, "actors.engine=simulated", "actors.sim_latency_mean_s=0.5",
-                              "--host", "127.0.0.1") for aid in ids]
+        actors = [procs.actor(run, aid, "actors.engine=simulated",
+                              "actors.engine.latency_mean_s=0.5", "--host", "127.0.0.1")
+                  for aid in ids]
         k = int(lp.wait_for(r"step (\d+)/\d+ .*actors 2", timeout=300).group(1))
         assert k <= steps - 5, "the run ended before both actors took part"
         relays[0].p.send_signal(signal.SIGSTOP)  # pulls of the next versions hang in it ...

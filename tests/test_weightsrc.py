@@ -266,8 +266,7 @@ def test_deltas_over_sockets_catch_up_bit_identical_and_resync_at_full_points():
 
 
 def test_a_relay_fetches_each_bucket_once_for_all_its_actors():
-    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2,
-                        weight_window=2)
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2)
     learner = LearnerSide(t)
     pub = _published([_state()], full_every=0)[0]
     learner.add(pub)

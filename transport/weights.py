@@ -139,3 +139,15 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
             raw = bytearray(raw)
         state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
     return state
+
+
+def bucket_manifest(manifest: WeightManifest, index: int) -> WeightManifest:
+    """The manifest of bucket `index` alone (its tensors, as bucket 0): what an engine loading
+    a version bucket by bucket is sent with each one."""
+    import msgspec
+
+    tensors = [msgspec.structs.replace(t, bucket=0) for t in manifest.tensors if t.bucket == index]
+    return msgspec.structs.replace(
+        manifest, tensors=tensors, num_buckets=1, total_bytes=manifest.raw_sizes[index],
+        digests=[manifest.raw_digests[index]], raw_digests=[manifest.raw_digests[index]],
+        raw_sizes=[manifest.raw_sizes[index]])

@@ -16,7 +16,7 @@ or the learner itself.
 What blocks where: nothing; every request is a task. A bucket is cached only after its BLAKE2b
 matched the digest the requester named (which it took from the learner's manifest), so a bad
 upstream cannot poison the cache for honest peers. The cache keeps the buckets of the newest
-`transport.relay_keep_versions` versions. A killed relay loses nothing: its peers time out
+`keep_versions` versions (max_staleness + 3). A killed relay loses nothing: its peers time out
 after peer_timeout_s and ask the next relay or the learner, and the learner drops it from the
 tree after peer_timeout_s of silence.
 """
@@ -55,8 +55,10 @@ def key_version(key: str) -> int:
 
 class Relay:
     def __init__(self, t: TransportConfig, learner_endpoint: str, relay_id: str,
-                 bind_host: str, advertise_host: str, port: int = 0) -> None:
+                 bind_host: str, advertise_host: str, port: int = 0,
+                 keep_versions: int = 4) -> None:
         self.t = t
+        self.keep_versions = keep_versions
         self.relay_id = relay_id
         self.ctx = zmq.asyncio.Context()
         self.server = configure(self.ctx.socket(zmq.ROUTER), t, limit_size=True)
@@ -204,7 +206,7 @@ class Relay:
         if version <= self.newest:
             return
         self.newest = version
-        floor = version - self.t.relay_keep_versions
+        floor = version - self.keep_versions
         for k in [k for k in self.cache if -1 < key_version(k[0]) <= floor]:
             del self.cache[k]
 
@@ -253,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopped.set)
-        relay = Relay(cfg.transport, endpoint, ns.relay_id, ns.bind, ns.advertise, ns.port)
+        relay = Relay(cfg.transport, endpoint, ns.relay_id, ns.bind, ns.advertise, ns.port,
+                      keep_versions=cfg.max_staleness + 3)
         await relay.run(stopped)
 
     asyncio.run(run())

@@ -1,7 +1,7 @@
 """Weights over ZeroMQ: the offer from the learner, the buckets from the learner or relays.
 
     WeightRequest(have, held) ──▶ learner ──▶ WeightOffer(manifests with digests, relays)
-    for each manifest, at most `transport.weight_window` buckets in flight:
+    for each manifest, at most WINDOW buckets in flight:
         BucketRequest(key, i, digest) ──▶ candidate 1 (a relay) ─┐ timeout / not found /
                                           candidate 2 ...       ─┤ digest differs:
                                           the learner           ─┘ the next candidate
@@ -34,6 +34,9 @@ from transport.weightsrc.link import PeerLink
 
 log = logging.getLogger(__name__)
 
+WINDOW = 4
+"""Buckets an actor has in flight: enough to keep a link busy (a bucket is ~32 MB), few
+enough that a version never sits whole in the queues."""
 SHUN_S = 30.0
 """A relay that failed us is skipped by later pulls for this long."""
 
@@ -144,7 +147,7 @@ class ZmqSource:
         """Every bucket of `man`, checked. Raw: the bytes (bytearrays if `keep`); a delta:
         applied to `self.held` in place (returns it)."""
         out: list = [None] * man.num_buckets
-        window = asyncio.Semaphore(self.ctx.transport.weight_window)
+        window = asyncio.Semaphore(WINDOW)
         cands = self.candidates(offer)
         dead: set[str] = set()
 
