@@ -303,8 +303,8 @@ class TransportConfig(Section):
     """ZMQ send/receive high-water mark (messages) on every socket."""
     weight_bucket_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
-    weights_via: Literal["zmq", "relay", "filesystem", "nccl"] = "zmq"
-    """zmq | relay (per-node relays) | filesystem (weights_dir) | nccl (GPU)."""
+    weights_via: Literal["zmq", "relay", "filesystem"] = "zmq"
+    """zmq | relay (per-node relays, ARCHITECTURE.md) | filesystem (weights_dir)."""
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 4

@@ -20,12 +20,7 @@ def _filesystem():
     return FilesystemSource
 
 
-def _nccl():
-    from transport.weightsrc.nccl import NcclSource
-    return NcclSource
-
-
-SOURCES = {"zmq": _zmq, "relay": _relay, "filesystem": _filesystem, "nccl": _nccl}
+SOURCES = {"zmq": _zmq, "relay": _relay, "filesystem": _filesystem}
 """Kind -> a function returning the source class (imported only when chosen)."""
 
 
