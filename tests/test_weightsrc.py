@@ -6,6 +6,7 @@ named fake sink that records what it loads."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 import zmq
 import zmq.asyncio
 
+import procs
 from configs.schema import TransportConfig
 from learner.publisher import Publisher
 from transport import messages as m
@@ -344,3 +346,17 @@ def test_a_reply_to_an_earlier_request_is_skipped_with_its_bytes():
     src, sink = _run(scenario())
     assert [v for v, _ in sink.loaded] == [1]  # not v0, and v1 once
     assert src.learner.skipped >= 1 + pubs[1].full.manifest.num_buckets
+
+
+def test_a_run_with_bf16_deltas_trains_and_accounts(tmp_path, tiny_model_dir):
+    """Learner and two actors in one process (transport.kind=inproc), the engines in bf16, every
+    version after the first offered as deltas until the next full point (K = 3)."""
+    run = tmp_path / "run"
+    s, logs = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=7", "max_staleness=1",
+                               "model.dtype=bfloat16", "transport.weight_full_every=3")
+    assert s["steps"] == 7 and s["accounting_ok"] and s["rejected_messages"] == {}
+    text = "\n".join(line for name in ("actor-local-0", "actor-local-1")
+                     for line in logs.lines[name])
+    by_delta = re.findall(r"loaded weights v(\d+) \(full, [\d.]+ MB in \d delta", text)
+    assert by_delta and all(int(v) % 3 for v in by_delta), by_delta  # never at a full point
+    assert s["weights_sent_bytes"]["actor"] > 0

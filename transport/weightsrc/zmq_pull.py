@@ -126,17 +126,19 @@ class ZmqSource:
             except BaseException:
                 self.held, self.held_version = None, -1  # half-applied: useless
                 raise
-            await self._finish(sink, decoded(chain[-1]), self.held, True)
+            await self._finish(sink, decoded(chain[-1]), self.held, True,
+                               sum(x.total_bytes for x in chain), len(chain))
 
     async def _finish(self, sink: WeightSink, man: m.WeightManifest, buckets: list,
-                      keep: bool) -> None:
+                      keep: bool, received: int | None = None, deltas: int = 0) -> None:
         await sink.load_packed(man, buckets)
         if keep:
             self.held, self.held_version = buckets, man.version
         self.stale = False
         self.stats.versions += 1
-        log.info("loaded weights v%d (%s, %.2f MB)", man.version, man.kind,
-                 man.total_bytes / 1e6)
+        log.info("loaded weights v%d (%s, %.2f MB%s)", man.version, man.kind,
+                 (man.total_bytes if received is None else received) / 1e6,
+                 f" in {deltas} delta(s)" if deltas else "")
 
     # ------------------------------------------------------------ buckets
     def candidates(self, offer: m.WeightOffer) -> list[PeerLink]:
