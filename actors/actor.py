@@ -353,7 +353,7 @@ class Actor:
         while True:
             await self.control.send(self.enc.encode(m.Heartbeat(
                 actor_id=self.actor_id, weight_version=self.client.version if self.client else -1,
-                spans=self.spans.drain())))
+                spans=self.spans.drain(), corrupt_buckets=self.puller.stats.corrupt_buckets)))
             await asyncio.sleep(welcome.heartbeat_s)  # a timer, not synchronisation
             if self._parent_gone():
                 return

@@ -439,6 +439,7 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
         "weights_sent_bytes": snap["weights_sent_bytes"],
+        "weight_buckets_corrupt": snap["weight_buckets_corrupt"],
         "accounting_ok": accounted == lc["granted"],
         "metrics_summary": st.metrics.summary(),
     }

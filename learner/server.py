@@ -62,6 +62,8 @@ class ActorState:
     weight_version: int = -1
     parked_groups: int = 0
     """Groups asked for by a WorkRequest still waiting for capacity (0 = none parked)."""
+    corrupt_buckets: int = 0
+    """Weight buckets the actor refused for a wrong digest (its last heartbeat's count)."""
 
 
 class LearnerServer(threading.Thread):
@@ -83,6 +85,8 @@ class LearnerServer(threading.Thread):
         self.actors: dict[str, ActorState] = {}
         self.rejected: Counter[str] = Counter()
         """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
+        self.corrupt_buckets = 0
+        """Weight buckets actors refused for a wrong digest (from their heartbeats)."""
         self.reports = RolloutReports()
         """What the rollouts of accepted results (kept or dropped as agent_error) reported."""
         self.timeline = None
@@ -168,6 +172,7 @@ class LearnerServer(threading.Thread):
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
                 "weights_sent_bytes": dict(self.weights_service.store.sent_bytes),
+                "weight_buckets_corrupt": self.corrupt_buckets,
                 "relays": len(self.weights_service.relays.relays),
                 **self.reports.snapshot(),
             }
@@ -358,6 +363,8 @@ class LearnerServer(threading.Thread):
                     self._reject("malformed", f"heartbeat of {aid!r}: {bad}", st.identity)
                     return
                 st.weight_version = v
+                self.corrupt_buckets += max(0, msg.corrupt_buckets - st.corrupt_buckets)
+                st.corrupt_buckets = msg.corrupt_buckets
                 if self.timeline is not None:
                     self.timeline.actor_spans(aid, spans)
                 ack = m.HeartbeatAck(latest_version=self.version)

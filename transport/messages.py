@@ -126,6 +126,9 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     weight_version: int
     spans: list[Span] = []
     """The actor's time spans since its previous heartbeat (learner/timeline.py)."""
+    corrupt_buckets: int = 0
+    """Weight buckets this actor refused so far because their digest differed from the
+    learner's manifest (each was fetched again from another source)."""
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
