@@ -307,8 +307,8 @@ class TransportConfig(Section):
     """zmq | relay (per-node relays, ARCHITECTURE.md) | filesystem (weights_dir)."""
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
-    relay_fanout: Annotated[int, Meta(ge=1)] = 4
-    """Relays fed by each relay."""
+    relay_fanout: Annotated[int, Meta(ge=1)] = 1
+    """Relays fed by each relay (1: a chain, ARCHITECTURE.md)."""
     weights_dir: str = ""
     """filesystem weights: shared directory for the version files (default: run_dir/weights)."""
     curve_server_secret: str = ""

@@ -24,7 +24,7 @@ from transport.weightsrc import delta
 from transport.weightsrc.base import SourceContext
 from transport.weightsrc.relay import Relay
 from transport.weightsrc.service import WeightsService
-from transport.weightsrc.store import Published, VersionStore
+from transport.weightsrc.store import Published, RelayTree, VersionStore
 from transport.weightsrc.zmq_pull import RelaySource, ZmqSource
 
 
@@ -113,6 +113,19 @@ def test_offers_chain_deltas_resync_at_full_points_and_evict():
     assert sorted(k for k in store.blobs if k[0] == "f") == ["f7", "f8"]
     assert not [k for k in store.blobs if k[0] == "d"]
     assert store.bucket("f3", 0, "actor") is None and store.missing == 1
+
+
+def test_relays_form_a_chain_or_a_tree_with_a_fallback_each():
+    hello = lambda i: m.RelayHello(relay_id=f"r{i}", endpoint=f"tcp://h{i}:1", host=f"h{i}")  # noqa: E731
+    chain = RelayTree(fanout=1, timeout_s=60)
+    assert [chain.hello(hello(i)) for i in range(4)] == [
+        ("", ""), ("tcp://h0:1", ""), ("tcp://h1:1", "tcp://h0:1"), ("tcp://h2:1", "tcp://h1:1")]
+    tree = RelayTree(fanout=2, timeout_s=60)
+    assert [tree.hello(hello(i))[0] for i in range(5)] == [
+        "", "tcp://h0:1", "tcp://h0:1", "tcp://h1:1", "tcp://h1:1"]
+    chain.relays["r1"].last_seen -= 61  # silent past the timeout: out, the chain closes up
+    assert chain.hello(hello(2)) == ("tcp://h0:1", "")
+    assert [r.relay_id for r in chain.ordered()] == ["r0", "r2", "r3"]
 
 
 # ---------------------------------------------------------------- over sockets

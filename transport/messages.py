@@ -446,6 +446,9 @@ class RelayWelcome(msgspec.Struct, tag="relay_welcome"):
     latest_version: int
     request_id: int = 0
     """The RelayHello's id, repeated."""
+    fallback: str = ""
+    """The upstream's own upstream ("" = the learner): asked when the upstream fails, so one
+    dead relay does not send everything below it to the learner."""
 
 
 WeightsFromPeer = WeightRequest | BucketRequest | RelayHello

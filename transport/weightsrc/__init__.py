@@ -47,27 +47,15 @@ learner keeps the two newest full versions and the deltas since the last full po
 Relays and the topology
 
 `python -m transport.weightsrc.relay` runs one relay per node. It says RelayHello to the learner
-every heartbeat and gets its place in a tree of fan-out `transport.relay_fanout` (k), in the
-order relays joined: relay 0 fetches from the learner, relay i from relay (i − 1) // k. A relay
+every heartbeat and gets its place in a tree of fan-out `transport.relay_fanout` (k; 1, the
+default, makes a chain), in the order relays joined: relay 0 fetches from the learner, relay i
+from relay (i − 1) // k, falling back to that relay's upstream and then the learner. A relay
 fetches a bucket once however many peers ask for it (single flight), caches the newest
-max_staleness + 3 versions, and serves zero-copy. Actors prefer the relay on their
-own host (`--host`), then the root relay, then the learner.
-
-Why this shape:
-
-* **Per-node relays** make the actors of one node share one download: with 8 GPUs per node,
-  node-to-node traffic is per node, not per engine.
-* **A tree rooted at one relay** makes the learner send each bucket once per version (plus the
-  fall-backs during a failure), whatever the number of nodes: the learner's egress per version is
-  about 1× the model's bytes in the engine dtype, under the 2× bound, while a relay serves at
-  most k + its local actors. The depth is log_k(nodes), and buckets are forwarded as soon as
-  they arrive (store-and-forward per bucket, not per version), so the time until the last node
-  has a version grows with the depth times one bucket, not with the number of nodes.
-* **Fault tolerance as for actors**: a relay is stateless beyond its cache. When one dies, its
-  peers' requests time out after `transport.peer_timeout_s` and go to the root relay or the
-  learner; a relay gives each upstream a third of that timeout, so a peer waiting on it gets the
-  bucket before it gives up. The learner drops a relay silent for `peer_timeout_s` from the
-  tree. Late joiners just fetch: every bucket of the versions kept is available from any relay.
+max_staleness + 3 versions, and serves zero-copy. Actors prefer the relay on their own host
+(`--host`), then the root relay, then the learner. Why this shape: ARCHITECTURE.md (Weights at
+scale): the learner sends each version once; a chain puts one copy on every node's link and
+forwards bucket by bucket, so the last of N nodes is about M/B + N·b/B behind (model M, bucket
+b, bandwidth B); a dead relay costs its peers one peer_timeout_s, not a version.
 
 Loading into engines
 

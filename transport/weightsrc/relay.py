@@ -11,7 +11,7 @@ or the learner itself.
     actors / child relays ──BucketRequest(key, i, digest)──▶ ROUTER ─▶ cache hit: send
                                                              miss ─▶ one fetch per bucket,
                                                                      however many peers wait
-        upstream relay ─(timeout, not found, digest differs)─▶ the learner
+        upstream relay ─(timeout, not found, digest differs)─▶ its upstream ─▶ the learner
 
 What blocks where: nothing; every request is a task. A bucket is cached only after its BLAKE2b
 matched the digest the requester named (which it took from the learner's manifest), so a bad
@@ -70,6 +70,8 @@ class Relay:
                                 t.peer_timeout_s)
         self.upstream: PeerLink | None = None
         """The relay above us in the tree (None: we fetch from the learner)."""
+        self.fallback: PeerLink | None = None
+        """The relay above that one (None: the learner), asked when the upstream fails."""
         self.cache: dict[tuple[str, int], asyncio.Future] = {}
         """(key, index) -> the bucket's bytes (a future while its one fetch runs)."""
         self.newest = -1
@@ -98,7 +100,7 @@ class Relay:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             log.info("relay %s done: %s", self.relay_id, dict(self.counts))
-            for link in (self.learner, self.upstream):
+            for link in (self.learner, self.upstream, self.fallback):
                 if link is not None:
                     link.close()
             self.server.close(linger=0)
@@ -116,20 +118,21 @@ class Relay:
                 log.warning("no answer from the learner in %.0fs", self.t.peer_timeout_s)
                 continue
             if isinstance(welcome, m.RelayWelcome):
-                self._set_upstream(welcome.upstream)
+                self.upstream = self._relink(self.upstream, welcome.upstream)
+                self.fallback = self._relink(self.fallback, welcome.fallback)
                 if not self.joined.is_set():
                     log.info("relay %s serving at %s (upstream: %s)", self.relay_id,
                              self.endpoint, welcome.upstream or "the learner")
                     self.joined.set()
             await asyncio.sleep(self.t.heartbeat_s)  # the beat's period, not synchronisation
 
-    def _set_upstream(self, endpoint: str) -> None:
-        if (self.upstream.endpoint if self.upstream else "") == endpoint:
-            return
-        if self.upstream is not None:
-            self.upstream.close()
-        self.upstream = (PeerLink(self._connect(endpoint), endpoint, self.t.peer_timeout_s)
-                         if endpoint else None)
+    def _relink(self, link: PeerLink | None, endpoint: str) -> PeerLink | None:
+        """`link` if it goes to `endpoint` already, else a new link to it (None for "")."""
+        if (link.endpoint if link else "") == endpoint:
+            return link
+        if link is not None:
+            link.close()
+        return PeerLink(self._connect(endpoint), endpoint, self.t.peer_timeout_s) if endpoint else None
 
     async def _serve(self) -> None:
         dec = msgspec.msgpack.Decoder(m.BucketRequest)
@@ -178,15 +181,15 @@ class Relay:
         return data
 
     async def _fetch(self, key: str, index: int, want: bytes):
-        """From the upstream relay, then the learner; each gets a third of peer_timeout_s, so
-        a peer waiting on us (peer_timeout_s) gets the bucket before it gives up on us, also
-        when our upstream died (and its upstream did, and so on up the tree)."""
-        for link in [x for x in (self.upstream, self.learner) if x is not None]:
+        """From the upstream relay, then the fallback relay, then the learner; each gets a
+        quarter of peer_timeout_s, so a peer waiting on us (peer_timeout_s) gets the bucket
+        before it gives up on us, also when our upstream died."""
+        for link in [x for x in (self.upstream, self.fallback, self.learner) if x is not None]:
             rid = link.next_id()
             req = m.BucketRequest(peer_id=self.relay_id, key=key, index=index, digest=want,
                                   request_id=rid)
             try:
-                head, data = await link.ask(req, rid, self.t.peer_timeout_s / 3)
+                head, data = await link.ask(req, rid, self.t.peer_timeout_s / 4)
             except TimeoutError:
                 self.counts["upstream_failures"] += 1
                 continue

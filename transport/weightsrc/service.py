@@ -51,10 +51,11 @@ class WeightsService:
                 self.reject("protocol_version", f"relay {req.relay_id!r} speaks "
                             f"v{req.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}")
             case m.RelayHello():
-                upstream = self.relays.hello(req)
+                upstream, fallback = self.relays.hello(req)
                 self._send(identity, m.RelayWelcome(upstream=upstream,
                                                     latest_version=self.version,
-                                                    request_id=req.request_id))
+                                                    request_id=req.request_id,
+                                                    fallback=fallback))
             case m.WeightRequest() if not self.is_actor(req.actor_id):
                 self.reject("not_registered", f"weights: actor {req.actor_id!r} must send "
                             "Hello first")

@@ -99,8 +99,8 @@ class _Relay:
 
 @dataclass
 class RelayTree:
-    """Relays in a tree of fan-out `fanout` rooted at the learner, in the order they joined:
-    relay 0 fetches from the learner, relay i from relay (i - 1) // fanout. The learner thus
+    """Relays in a tree of fan-out `fanout` (1: a chain) in the order they joined: relay 0
+    fetches from the learner, relay i from relay (i - 1) // fanout. The learner thus
     sends each bucket once (plus the fall-backs of peers whose relay failed), whatever the
     number of actors. A relay silent for `timeout_s` leaves; the tree is recomputed."""
 
@@ -109,8 +109,9 @@ class RelayTree:
     relays: dict[str, _Relay] = field(default_factory=dict)
     joined: int = 0
 
-    def hello(self, msg: m.RelayHello) -> str:
-        """Register or refresh a relay; returns its upstream's endpoint ("" = the learner)."""
+    def hello(self, msg: m.RelayHello) -> tuple[str, str]:
+        """Register or refresh a relay; returns the endpoints of its upstream and of the
+        upstream's upstream ("" = the learner)."""
         r = self.relays.get(msg.relay_id)
         info = m.RelayInfo(relay_id=msg.relay_id, endpoint=msg.endpoint, host=msg.host)
         if r is None or r.info != info:
@@ -118,8 +119,12 @@ class RelayTree:
             self.relays[msg.relay_id] = r = _Relay(info, time.monotonic(), self.joined)
         r.last_seen = time.monotonic()
         order = self.ordered()
-        i = order.index(info)
-        return "" if i == 0 else order[(i - 1) // self.fanout].endpoint
+        up = self._parent(order.index(info))
+        return ("" if up < 0 else order[up].endpoint,
+                "" if up < 0 or self._parent(up) < 0 else order[self._parent(up)].endpoint)
+
+    def _parent(self, i: int) -> int:
+        return -1 if i == 0 else (i - 1) // self.fanout
 
     def ordered(self) -> list[m.RelayInfo]:
         """Live relays, root first (the order WeightOffer lists them in)."""
