@@ -1,7 +1,7 @@
 """SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
-child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked in CPU
+child processes (docs/engines/sglang.md says why this and not `sglang.launch_server`), forked in CPU
 actors (actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.

@@ -180,7 +180,7 @@ class LearnerConfig(Section):
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
     """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
     mask_denominator: Literal["trained", "accepted"] = "trained"
-    """mask correction: the loss divides by every trained token (trained) or only the accepted ones (accepted: verl's rejection sampling; docs/algorithms.md)."""
+    """mask correction: rejected tokens count in the loss's denominators (trained) or not (accepted, as verl)."""
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
@@ -243,7 +243,7 @@ class LearnerConfig(Section):
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """Discount per token (gae, vtrace, reinforce_pp)."""
     reinforce_pp_std: Literal["population", "bessel"] = "population"
-    """reinforce_pp: whiten the returns with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
+    """reinforce_pp: whiten with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """GAE lambda."""
     value_clip: Annotated[float, Meta(ge=0)] = 0.2

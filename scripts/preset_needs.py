@@ -6,7 +6,7 @@ prints one line: the pyproject extras the resolved config uses (comma-separated,
 the `models.fetch` name of the model it trains (`-` when `model.path` is not the default
 directory of a fetchable model, or is there already) and the run directory. A bad preset or override fails here
 (exit 2) with the loader's message naming the field, before anything is installed; so does an
-SGLang preset, whose learner runs in the SGLang venv (docs/sglang.md), not in run.sh's .venv.
+SGLang preset, whose learner runs in the SGLang venv (docs/engines/sglang.md), not in run.sh's .venv.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         return 2
     if cfg.actors.engine == "sglang":
         print("run.sh: actors.engine=sglang runs in .venv-sglang (scripts/env_sglang.sh), not "
-              "run.sh's .venv: see docs/sglang.md", file=sys.stderr)
+              "run.sh's .venv: see docs/engines/sglang.md", file=sys.stderr)
         return 2
     name = fetch_name(cfg)
     ex = extras(cfg) + (["real-model"] if name else [])

@@ -182,7 +182,7 @@ BF16_NOISE = 3.0
 """Megatron in bf16 vs the single-process learner in bf16 may differ by this many times the
 single-process learner's own bf16-vs-fp32 difference, measured in the same test. Two independent
 bf16 errors of the same size differ by about sqrt(2) times one; measured at most 1.5 times
-(gradients) and 1.25 times (weights after N steps), see docs/megatron.md."""
+(gradients) and 1.25 times (weights after N steps), see lab/notes/backends.md."""
 
 
 @pytest.fixture(scope="module")
