@@ -177,6 +177,8 @@ class LearnerConfig(Section):
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
     """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
+    mask_denominator: Literal["trained", "accepted"] = "trained"
+    """mask correction: rejected tokens count in the loss's denominators (trained) or not (accepted, as verl)."""
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
@@ -233,6 +235,8 @@ class LearnerConfig(Section):
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """Discount per token (gae, vtrace, reinforce_pp)."""
+    reinforce_pp_std: Literal["population", "bessel"] = "population"
+    """reinforce_pp: whiten with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """GAE lambda."""
     value_clip: Annotated[float, Meta(ge=0)] = 0.2

@@ -19,7 +19,7 @@ step equals the single-process step on the whole batch (tests/test_fsdp.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from learner import advantages as A
 from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.critic import AlgoModels
-from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.loss import (LossNorm, accepted_tokens, group_advantages, kl_estimate, policy_loss,
+                          value_loss)
 from learner.timeline import Timeline
 
 
@@ -48,6 +49,9 @@ class Prepared:
     """Critic values at step start (gae, vtrace)."""
     returns: torch.Tensor | None = None
     """Value targets (gae: A + V; vtrace: v_s)."""
+    accepted: float | None = None
+    """Trained tokens the mask correction accepts in the whole minibatch (a data-parallel
+    shard with mask_denominator=accepted; fixed over the epochs, since pi_prox is)."""
 
 
 class Trainer:
@@ -141,6 +145,9 @@ class Trainer:
         if ref is not None and L.kl_in == "reward":
             kl_pen = L.kl_coef * kl_estimate(prox, ref, L.kl_estimator) * mb.mask
         prep = Prepared(prox=prox, advantages=torch.zeros(()), ref=ref)
+        if norm is not None and L.correction == "mask" and L.mask_denominator == "accepted":
+            kept = accepted_tokens(prox, mb.behavior, mb.mask, L)
+            prep.accepted = float(self.backend.reduce_stats({"accepted": kept})["accepted"])
         if L.advantage in ("grpo", "drgrpo", "rloo"):
             rewards = mb.rewards
             if kl_pen is not None:
@@ -151,7 +158,7 @@ class Trainer:
         if L.advantage == "reinforce_pp":
             tokens = max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
             prep.advantages = A.reinforce_pp(r, mb.mask, L.gamma, tokens,
-                                             self.backend.reduce_stats)
+                                             self.backend.reduce_stats, L.reinforce_pp_std)
             return prep
         values = self.models.values(mb.input_ids) * mb.mask
         prep.old_values = values
@@ -172,8 +179,9 @@ class Trainer:
             staleness = (version - mb.versions) * mb.mask.long()
             budget = max_completion_tokens(self.cfg)
             in_loss = prep.ref if L.kl_in == "loss" else None
+            pnorm = norm if prep.accepted is None else replace(norm, accepted=prep.accepted)
             loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
-                                      staleness, L, budget, norm, ref=in_loss, entropy=entropy)
+                                      staleness, L, budget, pnorm, ref=in_loss, entropy=entropy)
             if prep.ref is not None and in_loss is None:  # in the reward: logged here
                 kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
                 stats["kl_ref"] = ((kl * mb.mask).sum()
