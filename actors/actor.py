@@ -304,7 +304,8 @@ class Actor:
             llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
                              kv_cache_gb=E.kv_cache_gb, enforce_eager=E.enforce_eager,
                              max_num_seqs=E.max_num_seqs, dtype=self.cfg.model.dtype,
-                             lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
+                             lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads,
+                             nccl=self.cfg.transport.weights_via == "nccl")
             self._closers.append(llm.shutdown)
             return llm, agent
         if E.kind == "sglang":

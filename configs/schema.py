@@ -307,10 +307,12 @@ class TransportConfig(Section):
     """ZMQ send/receive high-water mark (messages) on every socket."""
     weight_bucket_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
-    weights_via: Literal["zmq", "relay", "filesystem"] = "zmq"
-    """zmq | relay (per-node relays, ARCHITECTURE.md) | filesystem (weights_dir)."""
+    weights_via: Literal["zmq", "relay", "filesystem", "nccl"] = "zmq"
+    """zmq | relay (per-node relays, ARCHITECTURE.md) | filesystem (weights_dir) | nccl (GPU)."""
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
+    nccl_engines: NonNegative = 0
+    """weights_via=nccl: the vLLM engines (actors) in the learner's broadcast group."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 1
     """Relays fed by each relay (1: a chain, ARCHITECTURE.md)."""
     weights_dir: str = ""
@@ -390,6 +392,10 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         need(not world or world % (L.backend.tp * L.backend.pp) == 0,
              "learner.backend.tp * learner.backend.pp",
              f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
+    if T.weights_via == "nccl":
+        need(A.engine.kind == "vllm" and T.nccl_engines >= 1 and L.lora.rank == 0,
+             "transport.weights_via", "zmq, relay or filesystem unless actors.engine=vllm with "
+             "transport.nccl_engines >= 1 and full weights (learner.lora.rank 0)", T.weights_via)
     if isinstance(agent, MultiTurnAgentConfig):
         need(agent.max_total_tokens >= task.max_new_tokens, "actors.agent.max_total_tokens",
              f">= task.max_new_tokens={task.max_new_tokens}", agent.max_total_tokens)

@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -163,8 +164,15 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         eval_engine.load_packed(base.manifest, list(base.buckets))
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
+    nccl = None
+    if cfg.transport.weights_via == "nccl":  # the GPU path: a broadcast into the local engines
+        from transport.weightsrc.nccl import NcclBroadcaster
+
+        host = cfg.transport.advertise_host or cfg.transport.host
+        nccl = NcclBroadcaster(socket.gethostname() if host == "0.0.0.0" else host,
+                               cfg.transport.nccl_engines, team.ranks.device)
     server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
-                           version, base=base)
+                           version, base=base, nccl=nccl)
     publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
                           lambda pub: server.announce(pub.full.manifest.version,
                                                       _for_actors(cfg, pub)))

@@ -69,7 +69,7 @@ class ActorState:
 class LearnerServer(threading.Thread):
     def __init__(self, cfg: TetherConfig, buffer: ReplayBuffer, leases: LeaseTable,
                  model_dir: Path, vocab_size: int, version: int,
-                 base: PackedWeights | None = None) -> None:
+                 base: PackedWeights | None = None, nccl=None) -> None:
         """`base`: a LoRA run's frozen base weights, sent before the first version to every
         actor that asks for them (`WeightRequest.need_base`); None when full weights train."""
         super().__init__(name="learner-io", daemon=True)
@@ -99,7 +99,7 @@ class LearnerServer(threading.Thread):
         self._bind_sockets()
         self.weights_service = WeightsService(
             self.weights, self.tcfg, is_actor=lambda aid: aid in self.actors,
-            reject=self._reject, base=base)
+            reject=self._reject, base=base, nccl=nccl)
         """Offers, buckets, relays (transport/weightsrc/service.py; I/O thread only)."""
 
     # ------------------------------------------------------------ setup

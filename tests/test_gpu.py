@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,29 @@ def test_fsdp2_nccl_one_rank_equals_single_process(tmp_path, tiny_model_dir):
     got = json.loads((tmp_path / "fsdp_vs_single.json").read_text())
     assert got["process_group"] == "nccl" and got["device"].startswith("cuda"), got
     assert got["max_weight_diff"] <= 1e-5 and got["moved"] > 1e-3, got
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per process: the "
+                    "learner on one, the vLLM actor on another")
+def test_versions_reach_a_vllm_actor_by_nccl_broadcast(tmp_path, tiny_model_dir):
+    """transport.weights_via=nccl: every version is broadcast from the learner (GPU 0) into a
+    vLLM actor's engine (GPU 1); the run trains and accounts like any."""
+    run = tmp_path / "run"
+    args = ["-m", "learner", "-c", str(procs.PRESET), f"run_dir={run}",
+            f"model.path={tiny_model_dir}", "learner.max_steps=4", "actors.num_local=0",
+            "actors.engine=vllm", "transport.weights_via=nccl", "transport.nccl_engines=1"]
+    lp = procs.Proc(args, tmp_path / "learner.log", env={"CUDA_VISIBLE_DEVICES": "0"})
+    actor = None
+    try:
+        lp.wait_for(r"learner listening", timeout=300)
+        actor = procs.actor(run, "gpu1", env={"CUDA_VISIBLE_DEVICES": "1"})
+        s = procs.finish_clean(lp, run, 4, timeout=900)
+        assert actor.finish(timeout=120) == 0, actor.tail()
+    finally:
+        for p in (actor, lp):
+            if p is not None:
+                p.kill()
+    loaded = [int(v) for v in re.findall(r"loaded weights v(\d+) \(full, by NCCL broadcast\)",
+                                         "".join(actor.lines))]
+    assert loaded and loaded == sorted(loaded) and loaded[-1] >= 3, actor.tail()
+    assert s["weights_sent_bytes"] == {}  # no bucket went over ZeroMQ

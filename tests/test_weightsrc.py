@@ -373,3 +373,49 @@ def test_a_run_with_bf16_deltas_trains_and_accounts(tmp_path, tiny_model_dir):
     by_delta = re.findall(r"loaded weights v(\d+) \(full, [\d.]+ MB in \d delta", text)
     assert by_delta and all(int(v) % 3 for v in by_delta), by_delta  # never at a full point
     assert s["weights_sent_bytes"]["actor"] > 0
+
+
+class RecordingBroadcaster:
+    """A named fake of the learner's NcclBroadcaster: records what it is asked to broadcast."""
+
+    world = 3  # the learner and two engines
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def plan(self, rank: int) -> m.NcclPlan:
+        return m.NcclPlan(master_address="h", master_port=1, world_size=3, rank_offset=rank)
+
+    def broadcast(self, packed) -> None:
+        self.sent.append(packed.manifest.version)
+
+
+def test_nccl_offers_wait_for_every_engine_then_broadcast_once():
+    """weights_via=nccl: a broadcast needs the whole group, so the learner answers the
+    engines' requests together, each with its rank, and broadcasts the newest version once."""
+    t = TransportConfig(weights_via="nccl", nccl_engines=2, peer_timeout_s=5)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    rejected: list[str] = []
+    fake = RecordingBroadcaster()
+    service = WeightsService(router, t, is_actor=lambda aid: True,
+                             reject=lambda reason, detail: rejected.append(reason), nccl=fake)
+    service.add(0, _published([_state()], full_every=0)[0])
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealers = [ctx.socket(zmq.DEALER) for _ in range(3)]
+    enc, dec = m.encoder(), m.Decoders().weights
+    for i, d in enumerate(dealers):
+        d.connect(f"tcp://127.0.0.1:{port}")
+        d.send(enc.encode(m.WeightRequest(actor_id=f"a{i}", have_version=-1, request_id=i + 1)))
+        service.handle(router.recv_multipart())
+        if i == 0:
+            assert not dealers[0].poll(100) and fake.sent == []  # parked: one engine of two
+    offers = [dec.decode(d.recv()) for d in dealers[:2]]
+    assert fake.sent == [0]
+    assert [(o.request_id, o.nccl.rank_offset, o.manifests[0].codec) for o in offers] == [
+        (1, 1, "nccl"), (2, 2, "nccl")]
+    assert offers[0].manifests[0].tensors == _published([_state()], 0)[0].full.manifest.tensors
+    assert rejected == ["nccl_group_full"] and not dealers[2].poll(100)  # a third engine
+    for s in (*dealers, router):
+        s.close(linger=0)
+    ctx.term()

@@ -337,9 +337,10 @@ WEIGHT_KINDS = ("full", "base", "adapter")
 per actor, before its first adapter) | a version's adapter tensors (models/lora.py names)."""
 
 
-WEIGHT_CODECS = ("raw", "xor-zstd")
+WEIGHT_CODECS = ("raw", "xor-zstd", "nccl")
 """How a manifest's buckets are encoded: the tensors' bytes as they are | zstd of the XOR of
-those bytes with the same bucket of version `base_version` (transport/weightsrc/delta.py)."""
+those bytes with the same bucket of version `base_version` (transport/weightsrc/delta.py) |
+no buckets: the tensors (names, dtypes, shapes in `tensors`) arrive by an NCCL broadcast."""
 
 
 class WeightManifest(msgspec.Struct, tag="manifest"):
@@ -365,7 +366,7 @@ class WeightManifest(msgspec.Struct, tag="manifest"):
     key: str = ""
     """Names this version's buckets in BucketRequests: "f12" (version 12, raw), "d12" (the
     delta from 11 to 12), "a12" (LoRA adapter), "b" (LoRA base)."""
-    codec: Literal["raw", "xor-zstd"] = "raw"
+    codec: Literal["raw", "xor-zstd", "nccl"] = "raw"
     """One of WEIGHT_CODECS."""
     base_version: int = -1
     """xor-zstd: the version the delta applies to (always version - 1)."""
@@ -386,6 +387,16 @@ class RelayInfo(msgspec.Struct, frozen=True):
     """The relay's node (actors on the same host prefer it)."""
 
 
+class NcclPlan(msgspec.Struct, frozen=True):
+    """Inside a WeightOffer (transport.weights_via=nccl): the broadcast group to join (once)
+    and this actor's engine's rank in it (the learner is rank 0)."""
+
+    master_address: str
+    master_port: int
+    world_size: int
+    rank_offset: int
+
+
 class WeightOffer(msgspec.Struct, tag="offer"):
     """Learner -> actor, the answer to a WeightRequest: what to fetch, in order. Empty
     `manifests`: the actor has version `latest_version` already. Several manifests: the base
@@ -400,6 +411,8 @@ class WeightOffer(msgspec.Struct, tag="offer"):
     """Relays that serve these buckets, nearest the learner first (transport.weights_via=relay)."""
     deltas: bool = False
     """The learner sends deltas (transport.weight_full_every > 0): keep the decoded buckets."""
+    nccl: NcclPlan | None = None
+    """transport.weights_via=nccl: the version's manifest (codec "nccl") arrives by broadcast."""
 
 
 class BucketRequest(msgspec.Struct, tag="bucket_request"):

@@ -68,16 +68,18 @@ bucket by bucket between `begin_weight_update` and `end_weight_update`. A versio
 once all its buckets arrived and were checked: loading buckets while they arrive would hold the
 engine paused for the whole transfer.
 
-GPU path (not built yet)
+GPU path (`transport.weights_via: nccl`, nccl.py)
 
-An NCCL broadcast from the learner into the engines (vLLM 0.32's weight-transfer engine:
-`init_weight_transfer_engine`, then per version `start_weight_update` / `update_weights` /
-`finish_weight_update`; SGLang's `update_weights_from_distributed`) would be a source beside
-these. A broadcast is a collective: every engine must receive every version at the same time,
-so it suits a fixed set of engines and needs a rendezvous per version; ZeroMQ and relays stay the
-fault-tolerant default for actors that come and go.
+An NCCL broadcast from the learner into its local vLLM engines (vLLM's weight-transfer engine:
+`init_weight_transfer_engine` once, then per version `start_weight_update` / `update_weights` /
+`finish_weight_update`), offered through the same WeightRequest / WeightOffer exchange. A
+broadcast is a collective: every engine receives every version at the same time, so the learner
+parks requests until every engine of the group asked, then offers and broadcasts the newest
+version to all. It suits a fixed set of engines on GPUs; ZeroMQ and relays stay the
+fault-tolerant default for actors that come and go. (SGLang's `update_weights_from_distributed`
+would be the same seam; not built.)
 
 Modules: base.py (the WeightSource protocol), registry.py (kind -> source), zmq_pull.py
-(zmq, relay, filesystem sources), relay.py (the relay role), link.py (a DEALER
+(zmq, relay, filesystem sources), nccl.py (GPU), relay.py (the relay role), link.py (a DEALER
 shared by concurrent requests), service.py + store.py (the learner's side), delta.py, integrity.py.
 """

@@ -20,7 +20,12 @@ def _filesystem():
     return FilesystemSource
 
 
-SOURCES = {"zmq": _zmq, "relay": _relay, "filesystem": _filesystem}
+def _nccl():
+    from transport.weightsrc.nccl import NcclSource
+    return NcclSource
+
+
+SOURCES = {"zmq": _zmq, "relay": _relay, "filesystem": _filesystem, "nccl": _nccl}
 """Kind -> a function returning the source class (imported only when chosen)."""
 
 

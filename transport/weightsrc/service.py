@@ -19,9 +19,11 @@ from transport.weightsrc.store import Published, RelayTree, VersionStore
 
 class WeightsService:
     def __init__(self, sock: zmq.Socket, t: TransportConfig, is_actor: Callable[[str], bool],
-                 reject: Callable[[str, str], None], base: PackedWeights | None = None) -> None:
+                 reject: Callable[[str, str], None], base: PackedWeights | None = None,
+                 nccl=None) -> None:
         """`sock`: the weights ROUTER (SNDHWM 0). `is_actor`: has this actor joined?
-        `reject(reason, detail)`: count and log a refused message."""
+        `reject(reason, detail)`: count and log a refused message. `nccl`: the learner's
+        transport/weightsrc/nccl.py NcclBroadcaster (weights_via=nccl), else None."""
         self.sock = sock
         self.t = t
         self.is_actor = is_actor
@@ -31,6 +33,12 @@ class WeightsService:
         self.version = -1
         self.enc = m.encoder()
         self.dec = msgspec.msgpack.Decoder(m.WeightsFromPeer)
+        self.nccl = nccl
+        self.ranks: dict[str, int] = {}
+        """weights_via=nccl: actor -> its engine's rank in the broadcast group (1, 2, ...)."""
+        self.parked: dict[str, tuple[bytes, int]] = {}
+        """weights_via=nccl: actor -> (identity, request id) of its request for a newer version,
+        answered when every engine of the group asked (a broadcast needs them all)."""
 
     def add(self, version: int, pub: Published) -> None:
         self.version = version
@@ -59,6 +67,8 @@ class WeightsService:
             case m.WeightRequest() if not self.is_actor(req.actor_id):
                 self.reject("not_registered", f"weights: actor {req.actor_id!r} must send "
                             "Hello first")
+            case m.WeightRequest() if self.nccl is not None:
+                self._park(identity, req)
             case m.WeightRequest():
                 manifests = self.store.offer(req.have_version, req.held_version, req.need_base)
                 relays = self.relays.ordered() if self.t.weights_via == "relay" else []
@@ -80,6 +90,33 @@ class WeightsService:
                     self._send(identity, head)
                 else:
                     self.sock.send_multipart([identity, self.enc.encode(head), data], copy=False)
+
+    def _park(self, identity: bytes, req: m.WeightRequest) -> None:
+        """NCCL: park a request for a newer version until every engine asked, then offer the
+        newest version to all of them and broadcast it."""
+        latest = self.store.latest
+        if latest is None or req.have_version >= latest.manifest.version:
+            self._send(identity, m.WeightOffer(request_id=req.request_id,
+                                               latest_version=self.version, manifests=[]))
+            return
+        if req.actor_id not in self.ranks:
+            if len(self.ranks) == self.nccl.world - 1:
+                self.reject("nccl_group_full", f"weights: actor {req.actor_id!r} is one more "
+                            f"than the {self.nccl.world - 1} engines of the NCCL group")
+                return
+            self.ranks[req.actor_id] = len(self.ranks) + 1
+        self.parked[req.actor_id] = (identity, req.request_id)
+        if len(self.parked) < self.nccl.world - 1:
+            return
+        from transport.weightsrc.nccl import broadcast_manifest
+
+        manifest = broadcast_manifest(latest.manifest)
+        for aid, (ident, rid) in self.parked.items():
+            self._send(ident, m.WeightOffer(request_id=rid, latest_version=self.version,
+                                            manifests=[manifest],
+                                            nccl=self.nccl.plan(self.ranks[aid])))
+        self.parked.clear()
+        self.nccl.broadcast(latest)
 
     def _send(self, identity: bytes, msg) -> None:
         self.sock.send_multipart([identity, self.enc.encode(msg)])
