@@ -20,6 +20,7 @@ import json
 import resource
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def main() -> None:
     backend = SingleProcessBackend(Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
                                    dtype=torch.bfloat16)
     vocab = backend.model.config.vocab_size
-    published = []
+    published: deque = deque(maxlen=2)  # the previous version and the new one
     pub = Publisher(cfg.transport.weight_bucket_bytes, full_every=10**9,
                     deliver=published.append)
     g = torch.Generator().manual_seed(0)

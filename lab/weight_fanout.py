@@ -102,12 +102,12 @@ def _stamp(line: str) -> float:
 
 
 def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, steps: int,
-             out_dir: Path) -> dict:
+             out_dir: Path, preset: Path, model: Path) -> dict:
     run = out_dir / name
     h = Hosts(hosts, shape)
     try:
-        lp = h.start(0, ["-m", "learner", "-c", str(ROOT / "configs" / "smollm2_add.yaml"),
-                         f"run_dir={run}", f"model.path={MODEL}", "model.dtype=bfloat16",
+        lp = h.start(0, ["-m", "learner", "-c", str(preset),
+                         f"run_dir={run}", f"model.path={model}", "model.dtype=bfloat16",
                          "actors.num_local=0", f"transport.host={h.ips[0]}",
                          f"transport.weights_via={via}", f"learner.max_steps={steps}",
                          "learner.prompts_per_step=2", "learner.group_size=2",
@@ -161,10 +161,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--only", nargs="*", default=["egress", "shaped"])
     p.add_argument("--out", default=str(ROOT / "lab" / "results" / "weight_fanout.json"))
+    p.add_argument("--preset", default=str(ROOT / "configs" / "smollm2_add.yaml"))
+    p.add_argument("--model", default=str(MODEL), help="(a tiny model + its preset: a smoke run)")
     ns = p.parse_args()
     work = Path("/tmp") / f"weight_fanout_{os.getpid()}"
     work.mkdir(parents=True)
-    res: dict = {"model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "steps": ns.steps,
+    res: dict = {"model": Path(ns.model).name, "dtype": "bfloat16", "steps": ns.steps,
                  "machine": f"{os.cpu_count()} cores, shared", "runs": {}}
     plan = []
     if "egress" in ns.only:
@@ -174,7 +176,8 @@ def main() -> None:
                  ("shaped_zmq_8", "zmq", 8, 4, "1gbit")]
     for name, via, actors, hosts, shape in plan:
         print(f"--- {name}", flush=True)
-        res["runs"][name] = scenario(name, via, actors, hosts, shape, ns.steps, work)
+        res["runs"][name] = scenario(name, via, actors, hosts, shape, ns.steps, work,
+                                     Path(ns.preset), Path(ns.model))
         print(json.dumps(res["runs"][name]), flush=True)
         Path(ns.out).write_text(json.dumps(res, indent=1))
     r = res["runs"]

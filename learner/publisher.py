@@ -128,9 +128,9 @@ class Publisher:
                 prev = packed if kind == "full" else None
                 pub = Published(full=packed, delta=d)
                 self.deliver(pub)
-                log.info("published v%d (%s): %d buckets, %.1f MB%s, packed in %.2f s", version,
+                log.info("published v%d (%s): %d buckets, %.3f MB%s, packed in %.2f s", version,
                          kind, packed.manifest.num_buckets, packed.manifest.total_bytes / 1e6,
-                         f", delta {d.manifest.total_bytes / 1e6:.1f} MB" if d else "",
+                         f", delta {d.manifest.total_bytes / 1e6:.3f} MB" if d else "",
                          time.monotonic() - t0)
                 with self._cond:
                     self._latest = pub
