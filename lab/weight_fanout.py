@@ -14,7 +14,8 @@ The learner is the real one (`python -m learner`) training SmolLM2-135M-Instruct
 model.dtype=bfloat16 (tiny steps: 2 prompts x 2 samples, a 2-prompt evaluation); the actors
 run the simulated engine (named fake: random tokens, weights received, checked and dropped), so
 the figures are the weight path's. Learner egress = tx_bytes of the learner's veth over the run
-(all its traffic: weights, leases, acks) / versions published. Shaped runs put a 1 Gbit/s token
+(all its traffic: weights, leases, acks) / versions that actors loaded (the last one published
+may go unfetched when the run ends). Shaped runs put a 1 Gbit/s token
 bucket (tc tbf) on both ends of every host's link. "Time to all loaded" for version v = the
 latest actor's "loaded weights v" log time - the learner's "published v" log time (one clock).
 Writes lab/results/weight_fanout.json.
@@ -149,7 +150,8 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
     return {"weights_via": via, "actors": actors, "hosts": hosts, "shape": shape,
             "learner_rc": rc, "versions_published": len(published),
             "model_bf16_bytes": full, "learner_tx_bytes": tx,
-            "learner_tx_per_version_over_model": tx / len(published) / full,
+            "versions_loaded": len(loaded),
+            "learner_tx_per_version_over_model": tx / len(loaded) / full,
             "weights_sent_bytes_app": summary.get("weights_sent_bytes"),
             "accounting_ok": summary["accounting_ok"],
             "time_to_all_loaded_s": times,
