@@ -245,10 +245,13 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
     finally:
         sigterm.raising = False
-        st.server.stop(reason)
-        st.buffer.close()
-        st.metrics.close()
-        st.actors.reap()
+        try:
+            st.publisher.wait()  # the last version is announced before the sockets close
+        finally:
+            st.server.stop(reason)
+            st.buffer.close()
+            st.metrics.close()
+            st.actors.reap()
     return reason
 
 

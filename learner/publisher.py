@@ -35,6 +35,12 @@ from transport.weightsrc.store import Published
 log = logging.getLogger(__name__)
 
 _END = object()
+_ABORT = object()
+"""Queued by a publish that was interrupted (e.g. Ctrl-C): the packer drops that version."""
+
+
+class _Aborted(Exception):
+    pass
 
 
 class Publisher:
@@ -68,11 +74,15 @@ class Publisher:
             self._pending += 1
             self._jobs.append((version, kind, lora))
             self._cond.notify_all()
-        for name, t in tensors:
-            t = t.detach()
-            snap = (t.to(dtype, copy=True) if dtype is not None and t.is_floating_point()
-                    else t.clone())
-            self._put((name, snap), snap.numel() * snap.element_size())
+        try:
+            for name, t in tensors:
+                t = t.detach()
+                snap = (t.to(dtype, copy=True) if dtype is not None and t.is_floating_point()
+                        else t.clone())
+                self._put((name, snap), snap.numel() * snap.element_size())
+        except BaseException:  # a half-queued version must not be announced
+            self._put(_ABORT, 0)
+            raise
         self._put(_END, 0)
 
     def wait(self) -> Published:
@@ -109,6 +119,8 @@ class Publisher:
 
     def _stream(self):
         while (item := self._take()) is not _END:
+            if item is _ABORT:
+                raise _Aborted
             yield item
 
     def _run(self) -> None:
@@ -120,7 +132,15 @@ class Publisher:
                         self._cond.wait()
                     version, kind, lora = self._jobs.popleft()
                 t0 = time.monotonic()
-                packed = pack(self._stream(), version, self.bucket_bytes, kind=kind, lora=lora)
+                try:
+                    packed = pack(self._stream(), version, self.bucket_bytes, kind=kind,
+                                  lora=lora)
+                except _Aborted:
+                    log.warning("v%d was not published: its gathering was interrupted", version)
+                    with self._cond:
+                        self._pending -= 1
+                        self._cond.notify_all()
+                    continue
                 d = None
                 if (self.full_every and prev is not None
                         and prev.manifest.version == version - 1):

@@ -419,3 +419,25 @@ def test_nccl_offers_wait_for_every_engine_then_broadcast_once():
     for s in (*dealers, router):
         s.close(linger=0)
     ctx.term()
+
+
+def test_an_interrupted_publish_is_not_announced_and_a_packer_error_reaches_the_trainer():
+    announced = []
+    pub = Publisher(1024, full_every=0, deliver=lambda p: announced.append(p.full.manifest.version))
+
+    def interrupted():
+        yield "a", torch.ones(4)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pub.publish(1, interrupted())
+    pub.publish(2, _state().items())
+    assert pub.wait().full.manifest.version == 2 and announced == [2]
+
+    def fail(p):
+        raise OSError("socket closed")
+
+    broken = Publisher(1024, full_every=0, deliver=fail)
+    broken.publish(1, _state().items())
+    with pytest.raises(RuntimeError, match="packer thread failed"):
+        broken.wait()
