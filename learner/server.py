@@ -79,7 +79,6 @@ class LearnerServer(threading.Thread):
         self.leases = leases
         self.vocab_size = vocab_size
         self.version = version
-        self.base = base
         self.run_id = uuid.uuid4().hex[:12]
         self.model_files = _model_files(model_dir)
         self.actors: dict[str, ActorState] = {}

@@ -70,7 +70,9 @@ class PeerLink:
                 continue
             fut.set_result((msg, frames[1] if len(frames) > 1 else None))
 
-    def close(self) -> None:
+    def close(self, socket_too: bool = True) -> None:
+        """Stop reading; close the socket too unless someone else owns it."""
         if self._reader is not None:
             self._reader.cancel()
-        self.sock.close(linger=0)
+        if socket_too:
+            self.sock.close(linger=0)

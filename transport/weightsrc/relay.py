@@ -61,6 +61,9 @@ class Relay:
         self.keep_versions = keep_versions
         self.relay_id = relay_id
         self.ctx = zmq.asyncio.Context()
+        # CURVE (transport.curve_*): peers are admitted as by the learner (its allowed keys),
+        # and the relay dials its upstreams as an actor does (its client key)
+        self._auth = security.start_authenticator(zmq.Context.shadow(self.ctx.underlying), t)
         self.server = configure(self.ctx.socket(zmq.ROUTER), t, limit_size=True)
         self.server.setsockopt(zmq.SNDHWM, 0)  # queued frames are references to cached buckets
         security.make_server(self.server, t)
@@ -104,6 +107,8 @@ class Relay:
                 if link is not None:
                     link.close()
             self.server.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
             self.ctx.destroy(linger=0)
 
     async def _hello_loop(self) -> None:

@@ -75,8 +75,7 @@ class ZmqSource:
     def close(self) -> None:
         for link in self.links.values():
             link.close()
-        if self.learner._reader is not None:
-            self.learner._reader.cancel()  # the socket is the actor's
+        self.learner.close(socket_too=False)  # the socket is the actor's
 
     async def pull(self, sink: WeightSink) -> int | None:
         rid = self.learner.next_id()
