@@ -47,8 +47,9 @@ class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ModelConfig(Section):
     path: str = "runs/models/tiny_reverse"
     """HF-format model directory (config, tokenizer, safetensors) the learner starts from."""
-    build_tiny: bool = True
-    """If `path` does not exist, build the tiny Qwen2 model + tokenizer there (no hub needed)."""
+    build_tiny: bool = False
+    """If `path` holds no model, build the tiny Qwen2 model + tokenizer there (no hub needed;
+    the toy presets ask for it). Off: a `path` without config.json is an error."""
     warmstart_steps: NonNegative = 30
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
@@ -196,7 +197,11 @@ class LearnerConfig(Section):
     """Keep the newest N checkpoints and delete older ones once a new one is complete (0 = keep
     all). A SmolLM2-135M checkpoint with AdamW state is 1.6 GB."""
     resume: bool = False
-    """Continue from the newest checkpoint in run_dir/checkpoints."""
+    """Continue the run in run_dir from its newest checkpoint (refused if that checkpoint is
+    another run's)."""
+    overwrite: bool = False
+    """Start a new run in a run_dir that holds one, deleting its metrics, summary, checkpoints
+    and final model first (without it, and without resume, such a run_dir is an error)."""
     log_every: Count = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     trace_steps: NonNegative = 0
@@ -312,7 +317,8 @@ class ActorsConfig(Section):
     openai_port: Port = 0
     """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
     openai_agent: str = ""
-    """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    """openai agent: your `package.module:function` or `path/to/file.py:function`, called as
+    fn(base_url, messages) (sync or async) per sample."""
     environment: str = ""
     """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
     sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
@@ -321,6 +327,9 @@ class ActorsConfig(Section):
     """simulated engine: lognormal sigma of the request latency (0 = constant)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
+    join_timeout_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Seconds an actor keeps trying to join its learner before it exits (code 4); 0 = forever
+    (actors may start before their learner)."""
 
 
 class BufferConfig(Section):
@@ -402,6 +411,9 @@ BUILTIN_TASKS: dict[str, str] = {
     "verifiers": "actors.verifiers_agent:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
+REWARD_TASKS = ("data", "additions")
+"""The built-in tasks that score with `task.reward`; the others score with their own reward
+(reverse, calculator, gsm8k) or their environment's rubric (environment, verifiers)."""
 
 
 def max_completion_tokens(cfg: TetherConfig) -> int:
@@ -438,7 +450,7 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
          f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
     need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
-         "module:function when actors.agent is openai", A.openai_agent)
+         "module:function or path/to/file.py:function when actors.agent is openai", A.openai_agent)
     need(A.agent != "environment" or ":" in (A.environment or cfg.task.environment),
          "actors.environment", "module:attribute (or task.environment set) when actors.agent is "
          "environment", A.environment)
@@ -466,6 +478,12 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          cfg.task.data_path)
     need(not cfg.task.reward or ":" in cfg.task.reward, "task.reward",
          "an import path module:function or path/to/file.py:function", cfg.task.reward)
+    need(not cfg.task.reward or cfg.task.name in REWARD_TASKS or cfg.task.name not in BUILTIN_TASKS,
+         "task.reward", f"empty with task.name={cfg.task.name} (that task scores with its own "
+         "reward; task.reward is used by task.name data, additions or a task given by import "
+         "path)", cfg.task.reward)
+    need(not (L.resume and L.overwrite), "learner.overwrite", "false with learner.resume=true "
+         "(resume continues the run that overwrite would delete)", L.overwrite)
     need(T.peer_timeout_s > 2 * T.heartbeat_s, "transport.peer_timeout_s",
          f"> 2 * transport.heartbeat_s={T.heartbeat_s}", T.peer_timeout_s)
     need(bool(T.curve_server_secret) == bool(T.curve_allowed_dir), "transport.curve_allowed_dir",

@@ -15,6 +15,18 @@ import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
 from learner import tracking
+from learner.model_setup import missing_model
+from learner.run_dir import RunDirError, check
+
+
+def preflight(cfg) -> None:
+    """What would stop the run at its start, said in one line before torch is imported: a
+    model.path that holds no model, a run_dir that holds another run (learner/run_dir.py)."""
+    problem = missing_model(cfg)
+    if problem:
+        raise ConfigError(problem)
+    if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run directory
+        check(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(ns.config, ns.overrides)
         tracking.require(cfg)
-    except ConfigError as e:
+        preflight(cfg)
+    except (ConfigError, RunDirError) as e:
         print(f"tether-learner: {e}", file=sys.stderr)
         return 2
 

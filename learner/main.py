@@ -36,8 +36,8 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, tracking
-from learner.evaluate import evaluate
+from learner import distributed, run_dir as run_dirs, tracking
+from learner.evaluate import Evaluation, held_out
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
 from learner.metrics import MetricsLog
@@ -67,8 +67,9 @@ def run(cfg: TetherConfig) -> dict | None:
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
+    run_id = ""
     if ranks.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_id = run_dirs.begin(cfg)  # a run_dir holding another run stops here
         save_config(cfg, run_dir / "config.yaml")
         ensure_model(cfg)
     distributed.barrier(ranks)
@@ -91,7 +92,7 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        state = start(cfg, team, tokenizer, checkpoint, actor_cpus)
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id)
         reason = train(cfg, team, state, sigterm)
         summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
@@ -125,15 +126,17 @@ class LeadState:
     actors: LocalActors
     metrics: MetricsLog
     eval_engine: object
-    eval_start: float
+    eval_start: Evaluation
     version: int
     """Policy version = optimizer steps done."""
     packed: PackedWeights
     """The gathered weights of `version` (LoRA: its adapter)."""
+    run_id: str = ""
+    """The run's id (learner/run_dir.py): in run.json, every checkpoint and summary.json."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          actor_cpus: list[list[int]] | None = None) -> LeadState:
+          actor_cpus: list[list[int]] | None = None, run_id: str = "") -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
     from actors.hf_engine import HFEngine
@@ -156,7 +159,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     if base is not None:
         eval_engine.load_packed(base.manifest, list(base.buckets))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
-    log.info("held-out reward at v%d: %.3f", version, eval_start)
+    log.info("held-out reward at v%d: %s", version, eval_start)
 
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
@@ -173,7 +176,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
                      server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, packed=packed)
+                     eval_start=eval_start, version=version, packed=packed, run_id=run_id)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -217,7 +220,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
                 with tl.span("checkpoint"):  # counted in the next step's row
                     _save_checkpoint(team, st.server, run_dir, st.version,
-                                     cfg.learner.checkpoint_keep)
+                                     cfg.learner.checkpoint_keep, st.run_id)
             if _reward_reached(cfg, st.metrics):
                 reason = "reward_reached"
                 log.info("learner.stop_at_reward=%g reached at v%d (mean sampled reward of the "
@@ -250,7 +253,8 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
-        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep)
+        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep,
+                         st.run_id)
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
@@ -280,10 +284,10 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     return PackedWeights(manifest=notice, buckets=())
 
 
-def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:
+def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> Evaluation:
     """Held-out reward of the published weights `packed` (no second gather of the model)."""
     engine.load_packed(packed.manifest, list(packed.buckets))
-    return evaluate(engine, task, cfg, tokenizer)
+    return held_out(engine, task, cfg, tokenizer)
 
 
 def _log_summary(summary: dict) -> None:
@@ -347,10 +351,7 @@ def _log_waiting(st: LeadState) -> None:
         raise RuntimeError("every local actor has exited; see run_dir/logs/actor-*.log")
 
 
-def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a `step_N.tmp` left by a crash is not one)."""
-    dirs = [p for p in (run_dir / "checkpoints").glob("step_*") if p.name[5:].isdigit()]
-    return sorted(dirs, key=lambda p: int(p.name[5:]))
+_checkpoint_dirs = run_dirs.checkpoint_dirs
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -361,12 +362,12 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: Path,
-                     version: int, keep: int) -> None:
+                     version: int, keep: int, run_id: str = "") -> None:
     snap = server.snapshot()
     state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
     tmp = path.with_name(path.name + ".tmp")
-    team.save_checkpoint(tmp, {"version": version, **state})
+    team.save_checkpoint(tmp, {"version": version, "run_id": run_id, **state})
     np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
         shutil.rmtree(path)
@@ -414,13 +415,17 @@ def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
             setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
-def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, reason: str) -> dict:
+def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float,
+             reason: str) -> dict:
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
     accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
     return {
-        "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
+        "run_id": st.run_id,
+        "eval_reward_start": st.eval_start.reward, "eval_reward_end": eval_end.reward,
+        "eval_errors_start": st.eval_start.errors, "eval_errors_end": eval_end.errors,
+        "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
