@@ -44,7 +44,6 @@ engine's worker threads, so a blocking client cannot starve generation.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import itertools
 import logging
@@ -63,6 +62,7 @@ from actors.openai_wire import (ChatMessage, ChatRequest, HTTPError, NamedTool, 
 from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
 from actors.tool_parsers import ParsedTurn, ParseFailure, TetherParser, ToolParser
 from actors.trajectory import TrajectoryBuilder
+from configs.imports import load_function
 
 log = logging.getLogger(__name__)
 
@@ -313,9 +313,8 @@ UserAgent = Callable[[str, list[dict[str, str]]], object]
 
 
 def load_user_agent(spec: str) -> UserAgent:
-    """`package.module:function` -> the function."""
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    """`package.module:function` or `path/to/file.py:function` -> the function."""
+    return load_function(spec, "actors.openai_agent")
 
 
 class OpenAIAgent:

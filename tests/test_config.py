@@ -66,7 +66,7 @@ def test_bad_overrides_name_the_field(override, expected):
     (["actors.tool_memory_mb=16"], "actors.tool_memory_mb must be >= 64, got 16"),
     (["actors.openai_port=70000"], "actors.openai_port must be in [0, 65535], got 70000"),
     (["actors.openai_port=-1"], "actors.openai_port must be in [0, 65535], got -1"),
-    (["actors.agent=openai"], "actors.openai_agent must be module:function when actors.agent is openai"),
+    (["actors.agent=openai"], "actors.openai_agent must be module:function or path/to/file.py:function when actors.agent is openai"),
     (["actors.agent=openai", "actors.openai_agent=my_agent"], "actors.openai_agent must be module:function"),
     (["actors.max_turns=two"], "actors.max_turns must be int, got 'two'"),
     (["actors.agent=environment"], "actors.environment must be module:attribute (or task.environment set) when actors.agent is environment"),
