@@ -9,6 +9,8 @@ would not help.
     transport.peer_timeout_s                                    HTTP, listens there)
     handshake failed, CURVE on                CURVE_KEY         exit 5 (the learner's public key
                                                                 is not the one configured)
+    CURVE handshake refused by the learner    CURVE_REFUSED     exit 5 (this actor's public key is
+                                                                not in its curve_allowed_dir)
     handshake failed, CURVE off               CURVE_NEEDED      exit 5 (the learner uses CURVE)
     handshake done, no Welcome yet            SILENT            keep saying Hello
     nothing yet                               WAITING           keep saying Hello
@@ -36,12 +38,13 @@ class JoinState(enum.Enum):
     NOTHING_LISTENS = "nothing_listens"
     NOT_ZEROMQ = "not_zeromq"
     CURVE_KEY = "curve_key"
+    CURVE_REFUSED = "curve_refused"
     CURVE_NEEDED = "curve_needed"
     SILENT = "silent"
 
 
 FATAL = {JoinState.NOT_ZEROMQ: EXIT_NOT_TETHER, JoinState.CURVE_KEY: EXIT_CURVE,
-         JoinState.CURVE_NEEDED: EXIT_CURVE}
+         JoinState.CURVE_REFUSED: EXIT_CURVE, JoinState.CURVE_NEEDED: EXIT_CURVE}
 """The states where saying Hello again cannot help, and the actor's exit code in each."""
 
 _FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
@@ -84,6 +87,8 @@ class JoinWatch:
                 self.failed, self.connected_at = event, None
 
     def state(self) -> JoinState:
+        if self.failed == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return JoinState.CURVE_REFUSED
         if self.failed is not None:
             return JoinState.CURVE_KEY if self.curve_server_public else JoinState.CURVE_NEEDED
         if self.connected_at is not None and not self.handshaken and \
@@ -108,6 +113,9 @@ class JoinWatch:
             case JoinState.CURVE_KEY:
                 return ("the learner did not answer the CURVE handshake: check its public key "
                         f"(transport.curve_server_public={self.curve_server_public})")
+            case JoinState.CURVE_REFUSED:
+                return ("the learner refused this actor's CURVE key: put its public key file in "
+                        "the learner's transport.curve_allowed_dir")
             case JoinState.CURVE_NEEDED:
                 return (f"the ZeroMQ handshake with {at} failed: the learner there uses CURVE; "
                         "set transport.curve_client_secret and transport.curve_server_public")

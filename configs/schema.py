@@ -106,6 +106,12 @@ class TaskConfig(Section):
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    reward_max_error_frac: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    """The run stops (one line naming the reward) when more than this fraction of reward calls
+    fail (error or timeout) over the last reward_error_window rollouts, or in an evaluation
+    (1 = never)."""
+    reward_error_window: Count = 64
+    """Rollouts over which reward_max_error_frac is judged during training."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""

@@ -10,6 +10,7 @@ Distributed (FSDP2): torchrun --nproc_per_node N -m learner -c CONFIG learner.ba
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -48,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = os.environ.get("RANK")
     setup_process("learner" if rank is None else f"learner[rank{rank}]")
     from learner.main import run
+    from learner.reward_health import RewardFailing
 
-    run(cfg)
+    try:
+        run(cfg)
+    except (ValueError, OSError, RewardFailing) as e:  # bad input found at start, a failing reward
+        logging.getLogger("learner").debug("the run stopped:", exc_info=True)
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -26,6 +26,8 @@ class Evaluation:
     errors: int
     """Rollouts that raised."""
     prompts: int
+    reward_failures: int = 0
+    """Completed rollouts whose reward call failed (error or timeout; scored 0)."""
 
     def __str__(self) -> str:
         reward = "n/a" if self.reward is None else f"{self.reward:.3f}"
@@ -52,8 +54,12 @@ def held_out(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> Evaluation
     for t, e in failed[:3]:
         log.warning("held-out rollout of prompt %d failed (counted, left out of the mean): %r",
                     t.prompt_id, e)
-    rewards = [r.reward for r in rollouts if not isinstance(r, BaseException)]
-    return Evaluation(sum(rewards) / len(rewards) if rewards else None, len(failed), len(tasks))
+    done = [r for r in rollouts if not isinstance(r, BaseException)]
+    rewards = [r.reward for r in done]
+    reward_failures = sum(any(r.scores.get(f) for f in ("reward_error", "reward_timeout"))
+                          for r in done)
+    return Evaluation(sum(rewards) / len(rewards) if rewards else None, len(failed), len(tasks),
+                      reward_failures)
 
 
 def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float | None:

@@ -42,6 +42,7 @@ from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
+from learner.reward_health import RewardHealth
 from learner.server import LearnerServer
 from learner.timeline import Timeline
 from learner.trainer import Trainer
@@ -133,6 +134,8 @@ class LeadState:
     """The gathered weights of `version` (LoRA: its adapter)."""
     run_id: str = ""
     """The run's id (learner/run_dir.py): in run.json, every checkpoint and summary.json."""
+    reward_health: RewardHealth | None = None
+    """Stops the run when the reward keeps failing (learner/reward_health.py)."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
@@ -160,6 +163,9 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         eval_engine.load_packed(base.manifest, list(base.buckets))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
     log.info("held-out reward at v%d: %s", version, eval_start)
+    health = RewardHealth(cfg)
+    health.check(eval_start.prompts - eval_start.errors, eval_start.reward_failures,
+                 f"in the held-out evaluation at v{version}")
 
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
@@ -176,7 +182,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
                      server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, packed=packed, run_id=run_id)
+                     eval_start=eval_start, version=version, packed=packed, run_id=run_id,
+                     reward_health=health)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -216,7 +223,10 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
             with tl.span("announce"):
                 st.server.announce(st.version, _for_actors(cfg, st.packed))
             m.update(tl.end_step(st.version))
-            st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
+            snap = st.server.snapshot()
+            st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())
+            if st.reward_health is not None:
+                st.reward_health.observe(snap["reward_scores"])
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
                 with tl.span("checkpoint"):  # counted in the next step's row
                     _save_checkpoint(team, st.server, run_dir, st.version,

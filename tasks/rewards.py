@@ -90,6 +90,9 @@ def _worker_main(conn, spec: str, kwargs: dict, owner: int) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"[:300]))
 
 
+LOG_FIRST, LOG_EVERY = 3, 100
+"""A failing reward is logged on its first LOG_FIRST failures, then on every LOG_EVERY-th."""
+
 STARTUP_S = 120.0
 """How long a new worker may take to start and import the reward (not counted as a call)."""
 
@@ -140,8 +143,15 @@ class RewardPool:
         self.counts[status] += 1
         flags = {"reward_timeout": float(status == "timeout"), "reward_error": float(status == "error")}
         if status != "ok":
-            log.warning("reward %s %s (scored 0): %s", self.spec,
-                        "timed out" if status == "timeout" else "failed", value)
+            failures = self.counts["timeout"] + self.counts["error"]
+            if failures <= LOG_FIRST or failures % LOG_EVERY == 0:  # rate-limited
+                log.warning("reward %s %s (scored 0): %s [%d failed calls so far: %d errors, "
+                            "%d timeouts, of %d%s]", self.spec,
+                            "timed out" if status == "timeout" else "failed", value, failures,
+                            self.counts["error"], self.counts["timeout"],
+                            sum(self.counts.values()),
+                            f"; logging every {LOG_EVERY}th from now" if failures == LOG_FIRST
+                            else "")
             return RewardResult(0.0, flags)
         reward, scores = value
         return RewardResult(reward, {**scores, **flags})
