@@ -15,10 +15,12 @@ import ast
 import inspect
 import os
 import re
+import types
 import typing
 from pathlib import Path
 
 import msgspec
+import msgspec.inspect
 import yaml
 
 from configs.schema import TetherConfig, check_ranges
@@ -107,23 +109,30 @@ _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 def _explain(message: str, raw: dict) -> str:
     """msgspec's `Expected `int` >= 1 - at `$.learner.max_steps`` as today's one line that names
-    the field: `learner.max_steps must be >= 1, got 0`."""
+    the field: `learner.max_steps must be >= 1, got 0`. Paths may index lists of tagged
+    sections (`task.scorers[0].weight`)."""
     m = _AT.match(message)
-    what, parts = m["what"], [p for p in (m["path"] or "").split(".") if p]
-    key = ".".join(parts)
+    what = m["what"]
+    parts = [p for p in re.split(r"\.|(?=\[)", m["path"] or "") if p]
+    key = ".".join(parts).replace(".[", "[")
     unknown = re.match(r"Object contains unknown field `(.*)`$", what)
     if unknown:
-        known = sorted(f.name for f in msgspec.structs.fields(_field_type(parts)))
-        return (f"unknown config key {'.'.join([*parts, unknown[1]])!r} "
+        known = sorted(f.name for f in msgspec.structs.fields(_field_type(parts, raw)))
+        return (f"unknown config key {key + '.' + unknown[1] if key else unknown[1]!r} "
                 f"(known in this section: {', '.join(known)})")
-    value = raw
-    for part in parts:
-        value = value[part]
+    missing = re.match(r"Object missing required field `(.*)`$", what)
+    if missing:
+        return f"{key}.{missing[1]} must be set"
+    value = _value(parts, raw)
+    if parts and parts[-1] == "kind" and what.startswith("Invalid value"):
+        kinds = [typing.get_args(t) for t in (_field_type(parts[:-1], raw, tagged=False),)][0]
+        names = [msgspec.inspect.type_info(t).tag for t in kinds]
+        return f"{key} must be one of {', '.join(names)}, got {value!r}"
     typed = re.match(r"Expected `(\w+)`, got `\w+`$", what)
     if typed:
-        expected = "a mapping" if typed[1] == "object" else typed[1]
+        expected = {"object": "a mapping", "array": "a list"}.get(typed[1], typed[1])
         return f"{key} must be {expected}, got {value!r}"
-    hint = _field_type(parts)
+    hint = _field_type(parts, raw)
     if typing.get_origin(hint) is typing.Literal:
         return f"{key} must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
     base, meta = unwrap(hint)
@@ -134,11 +143,26 @@ def _explain(message: str, raw: dict) -> str:
     return f"{key} must be {rule(meta)}, got {value!r}"
 
 
-def _field_type(parts: list[str]) -> object:
-    """The annotation of the field at `parts` (`TetherConfig` itself for no parts)."""
-    hint: object = TetherConfig
+def _value(parts: list[str], raw: object) -> object:
     for part in parts:
-        hint = {f.name: f.type for f in msgspec.structs.fields(hint)}[part]
+        raw = raw[int(part[1:-1])] if part.startswith("[") else raw[part]
+    return raw
+
+
+def _field_type(parts: list[str], raw: object = None, tagged: bool = True) -> object:
+    """The annotation of the field at `parts` (`TetherConfig` itself for no parts); a list
+    index gives the element type, and a union of tagged sections the member that the raw
+    value's `kind` names (with `tagged`)."""
+    hint: object = TetherConfig
+    for i, part in enumerate(parts):
+        if part.startswith("["):
+            hint = typing.get_args(hint)[0]
+            if tagged and isinstance(hint, types.UnionType):
+                kind = _value(parts[:i + 1], raw).get("kind")
+                hint = next(t for t in typing.get_args(hint)
+                            if msgspec.inspect.type_info(t).tag == kind)
+        else:
+            hint = {f.name: f.type for f in msgspec.structs.fields(hint)}[part]
     return hint
 
 
