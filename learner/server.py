@@ -283,7 +283,8 @@ class LearnerServer(threading.Thread):
             peers += [link.identity for link in self.desk.scorers.values()]
         for identity in peers:
             self.control.send_multipart([identity, msg], zmq.NOBLOCK)
-        log.info("told %d actor(s) to shut down: %s", len(self.actors), reason)
+        log.info("told %d actor(s) and %d scorer(s) to shut down: %s", len(self.actors),
+                 len(peers) - len(self.actors), reason)
         for sock in (self.control, self.trajectory, self.weights):
             sock.disable_monitor()
         for sock in (*self._monitors, self.control, self.trajectory, self.weights, self._wake_rx):
