@@ -131,11 +131,12 @@ class FakeOpenAIJudge:
 
         body = await request.json()
         self.requests += 1
+        number = self.requests
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
             await asyncio.sleep(self.delay_s)  # hold the request: concurrency is observable
-            if self.requests <= self.fail_first:
+            if number <= self.fail_first:
                 return web.Response(status=503, text="busy")
             answer = re.search(r"Answer: (.*)", body["messages"][0]["content"]).group(1)
             text = f"Score: {5 * answer.count('7')}"
