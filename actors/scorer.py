@@ -81,13 +81,21 @@ async def judge_engine(cfg, device: str):
     return EngineClient(await asyncio.to_thread(build)), tokenizer, None
 
 
-async def build_scorers(cfg: TetherConfig) -> list:
-    """Every model scorer of `task.scorers`, on `scoring.device` (in this event loop)."""
+async def build_scorers(cfg: TetherConfig, judge_engine_kind: str = "") -> list:
+    """Every model scorer of `task.scorers`, on `scoring.device` (in this event loop);
+    `judge_engine_kind` ("hf") overrides the judges' engine (the learner's evaluation runs them
+    on HF in its own process rather than start a second vLLM there)."""
+    import msgspec
+
+    from configs.scorers import JudgeScorer
     from models import devices
     from tasks.scorers import make_model_scorer
 
     device = str(devices.resolve_device(cfg.scoring.device, "scoring.device"))
-    return [await make_model_scorer(s, device, judge_engine) for s in model_scorers(cfg)]
+    sections = [msgspec.structs.replace(s, engine=judge_engine_kind)
+                if judge_engine_kind and isinstance(s, JudgeScorer) else s
+                for s in model_scorers(cfg)]
+    return [await make_model_scorer(s, device, judge_engine) for s in sections]
 
 
 async def score_items(scorers: list, items: list) -> list[dict[str, float]]:

@@ -1,7 +1,8 @@
 """Held-out evaluation: one sampled rollout per held-out prompt, through the configured agent
 (so a tool-use task is evaluated with its tools), mean reward. With model scorers in
 `task.scorers` the learner scores the rollouts itself, with the same scorers built in its own
-process for the evaluation (batches of `scoring.batch_size`), not through the fleet."""
+process for the evaluation (batches of `scoring.batch_size`; judges on the HF engine), not
+through the fleet."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ async def _add_model_scores(cfg: TetherConfig, tokenizer, tasks, rollouts, rewar
     from actors.scorer import build_scorers, score_items
     from tasks.scorers import make_item
 
-    scorers = await build_scorers(cfg)
+    scorers = await build_scorers(cfg, judge_engine_kind="hf")
     weights = {s.name: s.weight for s in scorers}
     items = [make_item(tokenizer, t.meta, t.prompt_ids, r.completion_ids)
              for t, r in zip(tasks, rollouts)]
