@@ -28,7 +28,7 @@ class Classifier:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.path, torch_dtype=torch.float32).to(device).eval()
+            cfg.path, dtype=torch.float32).to(device).eval()
         self.model.requires_grad_(False)  # frozen: never trained, never updated
         self.device = device
         labels = {v: int(k) for k, v in (self.model.config.id2label or {}).items()}
