@@ -18,27 +18,27 @@ from tasks.scorers import agent_reward
 def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
     """The agent `actors.agent` names, scoring with the task's reward function (with
     `task.scorers`: their function part, tasks/scorers)."""
-    A = cfg.actors
+    A = cfg.actors.agent
     reward = agent_reward(cfg.task, task, tokenizer)
-    if A.agent == "single_turn":
+    if A.kind == "single_turn":
         return SingleTurnAgent(reward)
-    if A.agent == "tools":
+    if A.kind == "tools":
         return ToolAgent(reward, make_chat_format(tokenizer),
                          make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
                                     A.tool_max_procs),
                          A.max_turns, A.max_total_tokens, make_parser(A.tool_parser))
-    if A.agent == "openai":
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+    if A.kind == "openai":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
-        return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), reward)
-    if A.agent == "environment":
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+        return OpenAIAgent(endpoint, load_user_agent(A.function), reward)
+    if A.kind == "environment":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         env = load_environment(A.environment or cfg.task.environment)
         return EnvironmentAgent(OpenAIAgent(endpoint, None, reward,
                                             tool_defs=getattr(env, "tools", None)), env)
-    if A.agent == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+    if A.kind == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         return VerifiersAgent(OpenAIAgent(endpoint, None, reward), task.env)
-    raise ValueError(f"unknown agent {A.agent!r}")
+    raise ValueError(f"unknown agent {A.kind!r}")

@@ -24,23 +24,24 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-Count = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
-Positive = Annotated[float, Meta(gt=0)]
+from configs.base import Count, Kind, NonNegative, Positive, Section
+
 Name = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,40}$",
                            description="a name of letters, digits and _ (starting with a letter)")]
 """A scorer's name: its score is logged as `score_<name>`."""
 
 
-class ScorerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
-    """A scorer: keyword-only, unknown keys are errors, `kind` selects the member."""
+class ScorerSection(Kind):
+    """A scorer: one kind's section of `task.scorers` (configs/base.py Kind)."""
 
 
 class FunctionScorer(ScorerSection, tag="function", kw_only=True):
+    """An import-path reward (tasks/rewards.py), in the actors' process pools."""
+
     name: Name
-    """Its score is logged as `score_<name>` (and its dict entries as `score_<name>_<key>`)."""
+    """Its score is logged as `score_<name>`."""
     weight: float = 1.0
-    """Weight of this score in the reward (the weighted sum of every scorer)."""
+    """Weight of this score in the reward."""
     fn: str = ""
     """Reward import path `package.module:function` or `path/to/file.py:function` (tasks/rewards.py
     signature); "" = the task's own reward."""
@@ -53,6 +54,8 @@ class FunctionScorer(ScorerSection, tag="function", kw_only=True):
 
 
 class ClassifierScorer(ScorerSection, tag="classifier", kw_only=True):
+    """An HF sequence-classification model, batched, in the scorer fleet."""
+
     name: Name
     """Its score is logged as `score_<name>`."""
     weight: float = 1.0
@@ -69,6 +72,8 @@ class ClassifierScorer(ScorerSection, tag="classifier", kw_only=True):
 
 
 class JudgeScorer(ScorerSection, tag="judge", kw_only=True):
+    """A generative judge on a Tether engine, in the scorer fleet."""
+
     name: Name
     """Its score is logged as `score_<name>`."""
     weight: float = 1.0
@@ -97,6 +102,8 @@ class JudgeScorer(ScorerSection, tag="judge", kw_only=True):
 
 
 class RemoteScorer(ScorerSection, tag="remote", kw_only=True):
+    """An OpenAI-compatible endpoint as the judge, in the scorer fleet."""
+
     name: Name
     """Its score is logged as `score_<name>`."""
     weight: float = 1.0
@@ -109,11 +116,13 @@ class RemoteScorer(ScorerSection, tag="remote", kw_only=True):
     """Environment variable holding the API key ("" = none); the key itself is never in a config."""
     template: str = ("Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\n"
                      "Answer: {completion}\nReply with the number only.")
-    """The user message; {prompt}, {completion} and {label} are filled in."""
+    """The judge's user message; {prompt}, {completion} and {label} are filled in (chat template
+    of the judge's tokenizer applied)."""
     parser: str = r"(-?\d+(?:\.\d+)?)"
-    """A regex whose first group is the score, or an import path `module:fn` (text -> float)."""
+    """A regex whose first group is the score (first match), or an import path `module:fn`
+    called as fn(text) -> float."""
     scale: Positive = 10.0
-    """The parsed number is divided by this."""
+    """The parsed number is divided by this (0-10 ratings -> 0-1)."""
     max_new_tokens: Count = 8
     """`max_tokens` of each request."""
     temperature: Annotated[float, Meta(ge=0)] = 0.0
@@ -135,7 +144,7 @@ MODEL_KINDS = (ClassifierScorer, JudgeScorer, RemoteScorer)
 """Kinds that run in the scorer fleet (the others run in the actors)."""
 
 
-class ScoringConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ScoringConfig(Section):
     """The scorer fleet: processes that run the model scorers of `task.scorers`."""
 
     num_local: NonNegative = 1

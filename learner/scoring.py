@@ -22,6 +22,17 @@ arrived scores 0 on every model scorer with `reward_failed` = 1 (every scored sa
 flag, 0 or 1). The counters obey
 
     samples = scored + failed + live        (items; `live` = queued or in a batch)
+
+Why the learner brokers (rather than actors calling scorers directly): direct routing would save
+one hop of each completion through the learner, but every actor would need every scorer's
+address (scorers binding ports reachable from every actor node, CURVE keys both ways), its own
+retry and reassignment, and a way to agree with other actors on which scorer is dead; "scored
+exactly once" and the deadline would be decided in N places. Brokered, scorers are clients like
+actors (only the control address; CURVE as for actors), batches mix every actor's samples, one
+table (item id -> live) makes a reassigned batch's late answer harmless, and the learner's
+accounting covers the samples being scored. The cost: completion ids cross the learner once
+more (a few KB per group, beside its intake of the same bytes) and per-batch bookkeeping on the
+I/O thread. Not built: per-sample streaming from actors (scoring starts when a group arrives).
 """
 
 from __future__ import annotations
