@@ -34,7 +34,7 @@ def test_classifier_reward_learns_with_a_scorer_killed_mid_run(tmp_path, tiny_mo
         run, tiny_model_dir, "actors.num_local=1", "scoring.num_local=0",
         f"task.scorers=[{{kind: classifier, name: seven, path: {seven_classifier}, "
         "output: has7}]", "scoring.batch_size=32", "scoring.max_wait_s=0.02",
-        "scoring.deadline_s=120", "learner.max_steps=16", "learner.prompts_per_step=8",
+        "scoring.deadline_s=120", "learner.max_steps=40", "learner.prompts_per_step=8",
         "learner.log_every=1", "learner.checkpoint_every=0", "task.eval_prompts=64",
         "transport.heartbeat_s=0.25", "transport.peer_timeout_s=3", "max_staleness=1")
     a = b = None
@@ -46,12 +46,12 @@ def test_classifier_reward_learns_with_a_scorer_killed_mid_run(tmp_path, tiny_mo
                         "B", str(run / "endpoints.json")], tmp_path / "scorer-B.log")
         a.wait_for(r"scorer A ready", timeout=120)
         b.wait_for(r"scorer B ready", timeout=120)
-        lp.wait_for(r"step 1/16", timeout=300)
+        lp.wait_for(r"step 1/40", timeout=300)
         a.p.send_signal(signal.SIGSTOP)
         lp.wait_for(r"scorer A silent .* declared dead", timeout=60)
         lp.wait_for(r"scorer A dead: its \d+ batch\(es\) go to other scorers", timeout=10)
         a.p.send_signal(signal.SIGKILL)
-        s = procs.finish_clean(lp, run, 16, timeout=400)
+        s = procs.finish_clean(lp, run, 40, timeout=400)
         assert b.finish(timeout=60) == 0, b.tail()
     finally:
         for p in (a, b, lp):
