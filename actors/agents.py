@@ -12,30 +12,33 @@ from actors.tool_parsers import make_parser
 from actors.tools import make_tools
 from actors.verifiers_agent import VerifiersAgent
 from configs.schema import TetherConfig
+from tasks.scorers import agent_reward
 
 
 def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
-    """The agent `actors.agent` names, scoring with the task's reward function."""
+    """The agent `actors.agent` names, scoring with the task's reward function (with
+    `task.scorers`: their function part, tasks/scorers)."""
     A = cfg.actors.agent
+    reward = agent_reward(cfg.task, task, tokenizer)
     if A.kind == "single_turn":
-        return SingleTurnAgent(task.reward)
+        return SingleTurnAgent(reward)
     if A.kind == "tools":
-        return ToolAgent(task.reward, make_chat_format(tokenizer),
+        return ToolAgent(reward, make_chat_format(tokenizer),
                          make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
                                     A.tool_max_procs),
                          A.max_turns, A.max_total_tokens, make_parser(A.tool_parser))
     if A.kind == "openai":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
-        return OpenAIAgent(endpoint, load_user_agent(A.function), task.reward)
+        return OpenAIAgent(endpoint, load_user_agent(A.function), reward)
     if A.kind == "environment":
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         env = load_environment(A.environment or cfg.task.environment)
-        return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward,
+        return EnvironmentAgent(OpenAIAgent(endpoint, None, reward,
                                             tool_defs=getattr(env, "tools", None)), env)
     if A.kind == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
         endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
-        return VerifiersAgent(OpenAIAgent(endpoint, None, task.reward), task.env)
+        return VerifiersAgent(OpenAIAgent(endpoint, None, reward), task.env)
     raise ValueError(f"unknown agent {A.kind!r}")

@@ -31,6 +31,7 @@ from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackend
 from configs.base import Count, Kind, NonNegative, Port, Positive, Section
 from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
                              SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
+from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
 __all__ = [  # the per-kind sections, importable from here too
     "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
@@ -103,6 +104,10 @@ class TaskConfig(Section):
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    scorers: list[Scorer] = msgspec.field(default_factory=list)
+    """The reward as a weighted sum of scorers, each a tagged section {kind: function | classifier |
+    judge | remote, name, weight, ...} (configs/scorers.py, docs/models_data_rewards.md); empty =
+    `reward` (or the task's own reward) alone."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""
@@ -340,6 +345,8 @@ class TetherConfig(Section):
     """The replay buffer between trajectory receiver and trainer."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """ZeroMQ sockets, heartbeats and limits."""
+    scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
+    """The scorer fleet that runs the model scorers of task.scorers."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -443,4 +450,26 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
+    errors += _scorer_rules(cfg)
+    return errors
+
+
+def model_scorers(cfg: TetherConfig) -> list:
+    """The scorers of task.scorers that run in the scorer fleet (classifier, judge, remote)."""
+    return [s for s in cfg.task.scorers if isinstance(s, MODEL_KINDS)]
+
+
+def _scorer_rules(cfg: TetherConfig) -> list[str]:
+    task, errors = cfg.task, []
+    names = [s.name for s in task.scorers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errors.append(f"task.scorers names must be unique, got {dup[0]!r} twice")
+    if task.scorers and task.reward:
+        errors.append(f"task.reward must be empty when task.scorers is set (add it as "
+                      f"{{kind: function, fn: {task.reward}}}), got {task.reward!r}")
+    for i, s in enumerate(task.scorers):
+        if getattr(s, "fn", "") and ":" not in s.fn:
+            errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
+                          f"got {s.fn!r}")
     return errors

@@ -40,6 +40,7 @@ from learner import distributed, tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
+from learner.local_scorers import LocalScorers
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
@@ -124,6 +125,7 @@ class LeadState:
     leases: LeaseTable
     server: LearnerServer
     actors: LocalActors
+    scorers: LocalScorers
     metrics: MetricsLog
     eval_engine: object
     eval_start: float
@@ -170,10 +172,11 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
+                     server=server, actors=actors, scorers=scorers, metrics=metrics, eval_engine=eval_engine,
                      eval_start=eval_start, version=version, packed=packed)
 
 
@@ -234,6 +237,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
         st.buffer.close()
         st.metrics.close()
         st.actors.reap()
+        st.scorers.reap()
     return reason
 
 
@@ -419,16 +423,21 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
-    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    scoring = snap["scoring"]
+    accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+                 + scoring.get("groups", 0))
     return {
         "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
-                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"],
+                   "scoring": scoring.get("groups", 0)},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
-        "accounting_ok": accounted == lc["granted"],
+        "scoring": scoring,
+        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
+            scoring["scored"] + scoring["failed"] + scoring["live"])),
         "metrics_summary": st.metrics.summary(),
     }

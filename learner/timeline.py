@@ -22,6 +22,12 @@ has `actor_frac_<state>` over the spans of all actors that arrived since the pre
 work-loop states sum to 1; a row without new spans repeats the last values),
 `actor_idle_ratio` = 1 - actor_frac_generate, and `actor_frac_pull_weights` (same denominator).
 
+Scorers (the fleet of task.scorers' model scorers): each heartbeat says how many samples the
+scorer scored and how long it was busy since the previous one; each row has
+`scorer_samples_per_s` (samples scored by all scorers per second of the row's wall time) and
+`scorer_busy_frac` (busy time / (wall time x scorers heard from)), both repeated while no
+heartbeat arrives, like the actors' fractions.
+
 Trace: with `learner.trace_steps` > 0, the spans of steps trace_from_step .. + trace_steps
 (learner phases and every actor's spans in that wall-time window) are written to
 run_dir/trace.json (open in https://ui.perfetto.dev or chrome://tracing). Timestamps are each
@@ -61,6 +67,10 @@ class Timeline:
         self._actor_spans: list[tuple[str, Span]] = []
         self._actor_last: dict[str, float] = {}
         """The actors' fractions of the last row that had new spans (repeated until more come)."""
+        self._scored = 0
+        self._scorer_busy_s = 0.0
+        self._scorers_heard: set[str] = set()
+        self._scorer_last: dict[str, float] = {}
 
     @contextlib.contextmanager
     def span(self, phase: str):
@@ -80,6 +90,7 @@ class Timeline:
         out["time_frac_other"] = max(0.0, 1.0 - sum(out.values()))
         out["idle_ratio"] = out["time_frac_wait_buffer"]
         out.update(self._actor_fractions())
+        out.update(self._scorer_rates(wall))
         if self.window and version + 1 == self.window.start:
             self.lo = now
         if self.window and version + 1 == self.window.stop:
@@ -96,6 +107,22 @@ class Timeline:
                 if self.lo is not None and s.start_us >= self.lo * 1e6 and (
                         self.hi is None or s.start_us <= self.hi * 1e6):
                     self._actor_spans.append((actor_id, s))
+
+    def scorer_beat(self, scorer_id: str, scored: int, busy_us: int) -> None:
+        """From the server's thread: a scorer's heartbeat (samples scored, busy microseconds)."""
+        with self._lock:
+            self._scored += scored
+            self._scorer_busy_s += busy_us / 1e6
+            self._scorers_heard.add(scorer_id)
+
+    def _scorer_rates(self, wall: float) -> dict[str, float]:
+        with self._lock:
+            scored, busy, heard = self._scored, self._scorer_busy_s, len(self._scorers_heard)
+            self._scored, self._scorer_busy_s, self._scorers_heard = 0, 0.0, set()
+        if heard:
+            self._scorer_last = {"scorer_samples_per_s": scored / wall,
+                                 "scorer_busy_frac": min(1.0, busy / (wall * heard))}
+        return self._scorer_last
 
     def _actor_fractions(self) -> dict[str, float]:
         with self._lock:
