@@ -42,9 +42,9 @@ import torch.distributed as dist
 from buffer import record
 from buffer.record import TrajGroup
 from configs.schema import LoraConfig, TetherConfig
-from learner.backend import Backend, SingleProcessBackend
-from learner.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
-from learner.trainer import Trainer
+from learner.backends.base import Backend, SingleProcessBackend
+from learner.algo.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
+from learner.algo.trainer import Trainer
 from models.devices import resolve_device
 from transport.weights import PackedWeights, pack
 
@@ -139,10 +139,10 @@ def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, 
         return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype,
                                     model=model, lora=lora)
     if backend == "megatron":
-        from learner.megatron import MegatronBackend
+        from learner.backends.megatron.backend import MegatronBackend
 
         return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp, dtype)
-    from learner.fsdp import FSDP2Backend
+    from learner.backends.fsdp2 import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model,
                         lora=lora)
@@ -150,7 +150,7 @@ def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, 
 
 def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) -> AlgoModels:
     """The frozen reference (kl_coef > 0) and the critic (gae, vtrace) this config needs,
-    with learner.backend (learner/critic.py); every rank calls it, in this order."""
+    with learner.backend (learner/algo/critic.py); every rank calls it, in this order."""
     L, M = cfg.learner, cfg.model
     out = AlgoModels()
     if L.kl_coef > 0 and policy is not None and policy.lora is not None and not M.ref_path:

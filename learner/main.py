@@ -36,15 +36,16 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, tracking
+from learner import distributed
+from learner.obs import tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
-from learner.metrics import MetricsLog
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
@@ -137,7 +138,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
           actor_cpus: list[list[int]] | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)

@@ -30,7 +30,7 @@ from buffer.record import TrajGroup
 from configs.loader import load_config
 from configs.schema import FSDP2BackendConfig
 from learner import distributed
-from learner.trainer import Trainer
+from learner.algo.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "toy_reverse.yaml"

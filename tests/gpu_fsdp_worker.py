@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 import fsdp_worker
 from learner import distributed
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.base import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import torch
 
 from fsdp_worker import CKPT_AT, LOSS_AGGS, STEPS, config, synthetic_groups, write
 from learner import distributed
-from learner.trainer import Trainer
+from learner.algo.trainer import Trainer
 from models.devices import torch_dtype
 
 

@@ -23,8 +23,8 @@ import fsdp_worker
 import procs
 from buffer import record
 from learner import distributed
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.base import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 TOL = 1e-5
 
@@ -258,7 +258,7 @@ def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
     single-process LoRA run's, the base never moves, and the export merges the same way."""
     from transformers import AutoModelForCausalLM
 
-    from learner.backend import ADAPTER_DIR
+    from learner.backends.base import ADAPTER_DIR
     from models.lora import hf_name, merge
 
     _torchrun("tests/fsdp_worker.py", "lora", str(tmp_path), str(tiny_model_dir))

