@@ -37,6 +37,7 @@ from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
 from learner import distributed
+from learner.backends.registry import make_backend
 from learner.obs import tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
@@ -64,7 +65,7 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend.kind, cfg.learner.device)
+    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
@@ -76,10 +77,8 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
-    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
-                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
-                                       pp=tp_pp[1], lora=L.lora)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)

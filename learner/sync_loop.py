@@ -21,7 +21,7 @@ from actors.engines.hf import HFEngine
 from buffer.record import TrajGroup
 from configs.schema import HFEngineConfig, TetherConfig
 from learner.algo.advantages import is_uniform
-from learner.backends.base import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.distributed import Ranks, make_models
 from learner.algo.trainer import Trainer
 

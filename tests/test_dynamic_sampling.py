@@ -40,7 +40,7 @@ def test_resume_without_critic_names_the_setting(tmp_path, tiny_model_dir):
     import torch
 
     from configs.loader import load_config
-    from learner.backends.base import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from learner.distributed import Ranks, make_models
     from learner.algo.trainer import Trainer
 
@@ -64,7 +64,7 @@ def test_resume_without_critic_names_the_setting(tmp_path, tiny_model_dir):
 
 def test_trainer_without_the_models_it_needs_says_so(tiny_model_dir):
     from configs.loader import load_config
-    from learner.backends.base import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from learner.algo.trainer import Trainer
 
     cfg = load_config(procs.PRESET, [f"model.path={tiny_model_dir}", "learner.kl_coef=0.1"])

@@ -6,7 +6,7 @@ import torch
 
 from actors.engines.base import GenerateRequest, sample_seed
 from actors.engines.hf import HFEngine
-from learner.backends.base import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.algo.batch import collate
 from models.logprobs import token_logprobs
 from transport.weights import pack, unpack

@@ -55,7 +55,7 @@ def engine(tiny_model_dir):
 
 
 def _backend(model_dir, dtype=torch.float32, lr=1e-6):
-    from learner.backends.base import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
 
     return SingleProcessBackend(model_dir, lr, 0.0, 0, torch.device(DEVICE), dtype)
 

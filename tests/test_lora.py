@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from configs.schema import LoraConfig
-from learner.backends.base import ADAPTER_DIR, SingleProcessBackend
+from learner.backends.base import ADAPTER_DIR
+from learner.backends.single import SingleProcessBackend
 from models import lora as lora_lib
 from transport.weights import pack
 

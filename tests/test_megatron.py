@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 import fsdp_worker
 import procs
-from learner.backends.base import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.algo.trainer import Trainer
 
 TOL = 1e-5

@@ -13,7 +13,7 @@ pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/
 
 import engine_refs as refs  # noqa: E402
 from configs.schema import LoraConfig  # noqa: E402
-from learner.backends.base import SingleProcessBackend  # noqa: E402
+from learner.backends.single import SingleProcessBackend  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 LORA = LoraConfig(rank=4, alpha=8)

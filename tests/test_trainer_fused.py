@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fsdp_worker
-from learner.backends.base import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.distributed import Ranks, make_models
 from learner.algo.trainer import Trainer
 

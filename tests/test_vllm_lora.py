@@ -10,7 +10,7 @@ import pytest
 
 import engine_refs as refs
 from configs.schema import LoraConfig
-from learner.backends.base import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 
 pytestmark = pytest.mark.vllm
 

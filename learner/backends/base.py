@@ -1,11 +1,12 @@
 """Training backends: own the model and optimizer; know nothing about RL.
 
-The trainer (learner/algo/trainer.py) asks a backend for token logprobs, hands it a loss to step on,
-and asks for the full weights to publish: the `Backend` protocol below. With `learner.lora`
+The trainer (learner/algo/trainer.py) asks a backend for token logprobs, hands it a loss to step
+on, and asks for the full weights to publish: the `Backend` protocol below. With `learner.lora`
 the backend trains a peft model (models/lora.py `wrap`): only the adapters have gradients and
-AdamW state; it publishes the frozen base once and the adapter tensors every version. `SingleProcessBackend`
-is one process on one device; `FSDP2Backend` (learner/backends/fsdp2.py) implements the same calls over a
-model sharded across torchrun ranks.
+AdamW state; it publishes the frozen base once and the adapter tensors every version. The kinds
+(`learner.backend`): `single` (single.py, one process on one device), `fsdp2` (fsdp2.py, the
+model sharded across torchrun ranks), `megatron` (megatron/, tensor and pipeline parallel);
+registry.py builds the one a config names.
 """
 
 from __future__ import annotations
@@ -16,12 +17,8 @@ from typing import Protocol
 
 import torch
 
-from configs.schema import LORA_HEAD as HEAD_TARGET, LoraConfig
-from learner import checkpoint
+from configs.schema import LoraConfig
 from models import lora as lora_lib
-from models.devices import compute
-from models.logprobs import token_logprobs, token_logprobs_entropy
-from models.tied import untie, without_tied
 from transport.messages import LoraSpec
 
 
@@ -92,97 +89,3 @@ def with_lora(model: torch.nn.Module, lora: LoraConfig | None) -> tuple[torch.nn
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """What the optimizer steps: every parameter, or the adapters only under LoRA."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-class SingleProcessBackend:
-    dp_rank = 0
-    dp_size = 1
-
-    def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
-                 device: torch.device = torch.device("cpu"),
-                 dtype: torch.dtype = torch.float32, model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None) -> None:
-        """fp32 weights on `device`; forward passes in `dtype` (models/devices.py). `model`:
-        train this module instead of the HF causal LM in `model_dir` (the critic). `lora`:
-        train adapters of that rank on the frozen model (rank 0 = full weights)."""
-        from transformers import AutoModelForCausalLM
-
-        torch.manual_seed(seed)
-        self.device = device
-        self.dtype = dtype
-        self.model_dir = Path(model_dir)
-        model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32)
-        self.model, self.lora = with_lora(model, lora)
-        self.model.to(device).train()
-        self.optimizer = torch.optim.AdamW(trainable(self.model), lr=lr,
-                                           weight_decay=weight_decay)
-
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        with compute(self.device, self.dtype):
-            return token_logprobs(self.model, input_ids, temperature)
-
-    def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        with compute(self.device, self.dtype):
-            return token_logprobs_entropy(self.model, input_ids, temperature, entropy_grad)
-
-    def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
-        """Backward + optimizer step; returns the gradient norm before clipping."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
-        else:
-            norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in self.model.parameters()
-                                  if p.grad is not None))
-        self.optimizer.step()
-        return float(norm)
-
-    def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return stats
-
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.state_dict().items()
-
-    def named_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.adapter_state().items()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights for publishing, without tied duplicates (LoRA: the base)."""
-        named = ((k, v.detach()) for k, v in self.model.state_dict().items())
-        if self.lora is not None:
-            named = lora_lib.split_state(named)[0].items()
-        return dict(without_tied(named, self.model.config.tie_word_embeddings))
-
-    def adapter_state(self) -> dict[str, torch.Tensor]:
-        """LoRA: the adapter tensors by wire name (models/lora.py)."""
-        return lora_lib.split_state((k, v.detach()) for k, v in self.model.state_dict().items())[1]
-
-    def save_checkpoint(self, path: Path, extra: dict) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        checkpoint.save(path, self.model, self.optimizer, extra, "single", 0, 1)
-
-    def load_checkpoint(self, path: Path) -> dict:
-        return checkpoint.load(path, self.model, self.optimizer)
-
-    def export_hf(self, path: Path) -> None:
-        """The current policy as an HF model directory (safetensors + config + tokenizer);
-        LoRA: peft's merge_and_unload of a copy, and the adapter directory in path/adapter. An
-        adapter on a tied head is merged into an untied copy of it (peft would merge it into
-        the embedding it shares): the export has its own head, `tie_word_embeddings: false`."""
-        import copy
-
-        from models.tiny import load_tokenizer
-
-        if self.lora is None:
-            self.model.save_pretrained(path, safe_serialization=True)
-        else:
-            # the adapters only (peft would add a copy of an adapted head's frozen base)
-            self.model.save_pretrained(path / ADAPTER_DIR, safe_serialization=True,
-                                       save_embedding_layers=False)
-            merged = copy.deepcopy(self.model)
-            if HEAD_TARGET in self.lora.targets:  # merge into a head of its own, E stays
-                untie(merged.get_base_model())
-            merged.merge_and_unload().save_pretrained(path, safe_serialization=True)
-        load_tokenizer(self.model_dir).save_pretrained(path)
