@@ -266,7 +266,7 @@ def logprob_gap(backend, ps: list, outs: list, engine: str, dtype: str) -> dict:
 def measure(ns: argparse.Namespace, model_dir: Path) -> dict:
     import torch
 
-    from learner.backends.base import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models import devices
 
     dtype = devices.torch_dtype(ns.dtype)

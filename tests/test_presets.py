@@ -51,7 +51,7 @@ RENAMED = {  # a key of the snapshot's flat schema -> its key now, and the kind'
                  "python_sandbox", "tool_max_procs", "tool_parser")},
     "actors.openai_port": ("actors.agent.port", OpenAIAgentConfig),
     "actors.openai_agent": ("actors.agent.function", OpenAIAgentConfig),
-    "actors.agents.environment": ("actors.agent.environment", EnvironmentAgentConfig),
+    "actors.environment": ("actors.agent.environment", EnvironmentAgentConfig),
     "learner.backend": ("learner.backend.kind", None),
     "learner.megatron_tp": ("learner.backend.tp", MegatronBackendConfig),
     "learner.megatron_pp": ("learner.backend.pp", MegatronBackendConfig),
