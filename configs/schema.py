@@ -355,8 +355,8 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
-    "environment": "actors.environment:make_task",
-    "verifiers": "actors.verifiers_agent:make_task",
+    "environment": "actors.agents.environment:make_task",
+    "verifiers": "actors.agents.verifiers:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from actors.agents import make_agent
+from actors.agents.registry import make_agent
 from actors.rollout import RolloutTask
-from actors.client import EngineClient
-from actors.hf_engine import HFEngine
+from actors.engines.client import EngineClient
+from actors.engines.hf import HFEngine
 from configs.schema import TetherConfig, model_scorers
 
 

@@ -36,16 +36,18 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, tracking
+from learner import distributed
+from learner.backends.registry import make_backend
+from learner.obs import tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
 from learner.local_scorers import LocalScorers
-from learner.metrics import MetricsLog
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
@@ -64,7 +66,7 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend.kind, cfg.learner.device)
+    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
@@ -76,10 +78,8 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
-    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
-                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
-                                       pp=tp_pp[1], lora=L.lora)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
@@ -139,7 +139,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
           actor_cpus: list[list[int]] | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)

@@ -37,7 +37,7 @@ from buffer.record import TrajGroup
 from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens, model_scorers
-from learner.advantages import is_uniform
+from learner.algo.advantages import is_uniform
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
 from learner.scoring import ScoringDesk

@@ -102,10 +102,10 @@ def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
 
 def test_good_agent_fields_load():
     cfg = load_config(PRESET, ["actors.agent=openai", "task.max_new_tokens=12",
-                               "actors.agent.function=actors.openai_example:calculator_agent",
+                               "actors.agent.function=actors.agents.openai.example:calculator_agent",
                                "actors.agent.max_total_tokens=12"])
     assert cfg.actors.agent.kind == "openai" and cfg.actors.agent.max_total_tokens == 12
-    assert cfg.actors.agent.function == "actors.openai_example:calculator_agent"
+    assert cfg.actors.agent.function == "actors.agents.openai.example:calculator_agent"
     cfg = load_config(PRESET, ["actors.agent=tools", "actors.agent.tools=calc,python"])
     assert cfg.actors.agent.kind == "tools" and cfg.actors.agent.tools == "calc,python"
     with pytest.raises(ConfigError, match="unknown config key 'actors.agent.function' for "

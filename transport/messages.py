@@ -98,7 +98,7 @@ class WorkRequest(msgspec.Struct, tag="work"):
 
 
 ACTOR_STATES = ("wait_grant", "wait_weights", "generate", "send")
-"""The states of an actor's work loop, one at a time (learner/timeline.py)."""
+"""The states of an actor's work loop, one at a time (learner/obs/timeline.py)."""
 SPAN_STATES = ACTOR_STATES + ("pull_weights",)
 """What a Span may name: a work-loop state, or a weight pull (which runs beside them)."""
 MAX_SPANS = 4096
@@ -120,7 +120,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     actor_id: str
     weight_version: int
     spans: list[Span] = []
-    """The actor's time spans since its previous heartbeat (learner/timeline.py)."""
+    """The actor's time spans since its previous heartbeat (learner/obs/timeline.py)."""
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
@@ -230,7 +230,7 @@ class Sample(msgspec.Struct, gc=False):
     scores: dict[str, float] = msgspec.field(default_factory=dict)
     """Named scores of the reward (e.g. correct, tokens, reward_timeout), logged by the learner."""
     tool_parse_errors: int = 0
-    """Model turns whose tool calls did not parse (actors/tool_parsers.py)."""
+    """Model turns whose tool calls did not parse (actors/agents/tool_parsers.py)."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
