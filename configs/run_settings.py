@@ -11,13 +11,12 @@ from typing import Any
 
 import msgspec
 
-from configs.loader import ConfigError, merge
+from configs.loader import ConfigError
 from configs.schema import TetherConfig, check_ranges
 
 OWNED: dict[str, tuple[str, ...] | None] = {
     "task": None,  # every field
-    "actors": ("agent", "tools", "max_turns", "max_total_tokens", "tool_timeout_s", "tool_parser",
-               "openai_agent", "environment"),
+    "actors": ("agent",),  # the whole agent section (its kind and every field of it)
 }
 """Per section, the fields the learner owns (None: the whole section)."""
 
@@ -42,16 +41,36 @@ def adopt(cfg: TetherConfig, settings: dict[str, dict[str, Any]]) -> tuple[Tethe
         raise ConfigError(f"the learner sent run settings this actor does not own: "
                           f"{', '.join(sorted(unknown))}")
     mine = msgspec.to_builtins(cfg)
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in mine.items()}
+    for section, fields in settings.items():
+        merged[section].update(fields)  # owned fields are replaced whole, never merged
     try:
-        new = msgspec.convert(merge(mine, settings), TetherConfig)
+        new = msgspec.convert(merged, TetherConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"the learner's run settings do not fit this actor's version: {e}") \
             from None
     errors = check_ranges(new)
     if errors:
         raise ConfigError(f"the learner's run settings do not fit this actor's config: {errors[0]}")
-    theirs = msgspec.to_builtins(new)
-    changed = [f"{section}.{name}={theirs[section][name]!r} (this actor's: {mine[section][name]!r})"
-               for section, fields in settings.items() for name in fields
-               if theirs[section][name] != mine[section][name]]
+    theirs, was = _flat(msgspec.to_builtins(new)), _flat(mine)
+    changed = [f"{key}={theirs.get(key)!r} (this actor's: {was.get(key)!r})"
+               for key in sorted(set(theirs) | set(was), key=_order(theirs, was))
+               if key.split(".")[0] in settings and theirs.get(key) != was.get(key)]
     return new, changed
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1} (sections and kind sections; other dicts stay values)."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and (not prefix or "kind" in v):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _order(*trees: dict):
+    """Sort keys in the order the config lists them (`kind` first)."""
+    keys = [k for t in trees for k in t]
+    return lambda key: (keys.index(key), key)

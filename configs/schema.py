@@ -23,54 +23,53 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-TOOLS = ("calc", "python")
-"""Tools the `tools` agent can offer (actors/tools.py)."""
+from configs.agents import (TOOLS, AgentConfig, EndpointAgentConfig, EnvironmentAgentConfig,
+                            MultiTurnAgentConfig, OpenAIAgentConfig, SingleTurnAgentConfig,
+                            ToolsAgentConfig, VerifiersAgentConfig)
+from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackendConfig,
+                              SingleBackendConfig)
+from configs.base import Count, Kind, NonNegative, Port, Positive, Section
+from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
+                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
+from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
-Count = Annotated[int, Meta(ge=1)]
-"""An int >= 1."""
-NonNegative = Annotated[int, Meta(ge=0)]
-"""An int >= 0."""
-Positive = Annotated[float, Meta(gt=0)]
-"""A float > 0."""
-Port = Annotated[int, Meta(ge=0, le=65535)]
-"""A TCP port; 0 = pick a free one."""
-_TOOL = "|".join(TOOLS)
-ToolList = Annotated[str, Meta(pattern=rf"^\s*({_TOOL})\s*(,\s*({_TOOL})\s*)*$",
-                               description=f"a comma-separated subset of {TOOLS}")]
-"""Comma-separated names from TOOLS."""
-
-
-class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A config section: keyword-only, and an unknown key is an error."""
+__all__ = [  # the per-kind sections, importable from here too
+    "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
+    "EnvironmentAgentConfig", "FSDP2BackendConfig", "HFEngineConfig", "Kind",
+    "MegatronBackendConfig", "MultiTurnAgentConfig", "NonNegative", "OpenAIAgentConfig", "Port",
+    "Positive", "SGLangEngineConfig", "Section", "SimulatedEngineConfig", "SingleBackendConfig",
+    "SingleTurnAgentConfig", "StreamingEngineConfig", "ToolsAgentConfig", "VLLMEngineConfig",
+    "VerifiersAgentConfig",
+]
 
 
 class ModelConfig(Section):
     path: str = "runs/models/tiny_reverse"
     """HF-format model directory (config, tokenizer, safetensors) the learner starts from."""
     build_tiny: bool = False
-    """If `path` holds no model, build the tiny Qwen2 model + tokenizer there (no hub needed;
-    the toy presets ask for it). Off: a `path` without config.json is an error."""
+    """Build the tiny Qwen2 model at `path` if it holds none (the toy presets; off: an error)."""
     warmstart_steps: NonNegative = 30
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
+    """Compute dtype of the learner's forward passes and the rollout engines (master weights stay
+    fp32)."""
     ref_path: str = ""
-    """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
+    """HF directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
-    """HF model directory the critic's backbone starts from (default: `path`, the policy's start)."""
+    """HF directory the critic's backbone starts from (default: `path`)."""
 
 
 class TaskConfig(Section):
     name: str = "reverse"
-    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions |
-    environment | verifiers) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    """A built-in task (reverse, calculator, gsm8k, data, additions, environment, verifiers) or
+    `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
-    """Length of the digit string the toy reversal task asks to reverse."""
+    """Digits the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
-    data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
+    """gsm8k: JSONL of {"question", "answer": "... #### N"} (every 10th held out); data: a JSONL /
+    JSON / Parquet file or a `datasets` save_to_disk directory."""
     eval_prompts: Count = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
     max_new_tokens: Count = 5
@@ -86,11 +85,13 @@ class TaskConfig(Section):
     system_prompt: str = ""
     """data: system message put before the prompt ("" = none: the chat template's default)."""
     template_kwargs: dict = msgspec.field(default_factory=dict)
-    """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    """data: extra apply_chat_template keyword arguments (e.g. enable_thinking)."""
     environment: str = ""
     """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
     verifiers_env: str = ""
-    """verifiers: the verifiers environment whose taskset is the prompts and whose rubric the actors' `verifiers` agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or a verifiers environment id (docs/agents.md)."""
+    """verifiers: the environment whose taskset gives the prompts and whose rubric the `verifiers`
+    agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or an
+    environment id (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -98,20 +99,22 @@ class TaskConfig(Section):
     shuffle: bool = True
     """data: visit the training rows in a seeded random order, a new one every epoch."""
     reward: str = ""
-    """Reward import path `package.module:function` or `path/to/file.py:function` ("" = the
-    task's own reward); run in a process pool, see docs/models_data_rewards.md."""
+    """Reward `package.module:function` or `path/to/file.py:function`, run in a process pool ("" =
+    the task's own; docs/models_data_rewards.md)."""
     reward_kwargs: dict = msgspec.field(default_factory=dict)
-    """Keyword arguments passed to every call of the `reward` function."""
+    """Keyword arguments of every `reward` call."""
     reward_timeout_s: Positive = 10.0
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    scorers: list[Scorer] = msgspec.field(default_factory=list)
+    """The reward as a weighted sum of scorers, each a `kind` section (below;
+    docs/models_data_rewards.md); empty = `reward` (or the task's own) alone."""
     reward_max_error_frac: Annotated[float, Meta(gt=0, le=1)] = 0.5
-    """The run stops (one line naming the reward) when more than this fraction of reward calls
-    fail (error or timeout) over the last reward_error_window rollouts, or in an evaluation
-    (1 = never)."""
+    """Stop the run when more reward calls than this fail, in an evaluation or over the last
+    reward_error_window rollouts (1 = never)."""
     reward_error_window: Count = 64
-    """Rollouts over which reward_max_error_frac is judged during training."""
+    """Rollouts over which reward_max_error_frac is judged while training."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""
@@ -136,11 +139,10 @@ class LoraConfig(Section):
     alpha: Positive = 16.0
     """LoRA alpha: the adapter's update B @ A is scaled by alpha / rank."""
     dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """Dropout on the adapter's input while training (0 = none; then rollouts and training see
-    the same function)."""
+    """Dropout on the adapter's input while training (0 = none: rollouts and training see the same
+    function)."""
     targets: TargetList = ",".join(LORA_TARGETS)
-    """Comma-separated linear layers of every decoder layer that get an adapter, and `lm_head`
-    for the output head."""
+    """Linear layers of every decoder layer that get an adapter; `lm_head`: the output head too."""
 
     def target_list(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",")]
@@ -150,14 +152,13 @@ class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
     max_train_minutes: Annotated[float, Meta(ge=0)] = 0.0
-    """Also end the run once training has lasted this long, counted from the first wait for a
-    batch (start-up and the first evaluation excluded; the final evaluation and export follow).
-    0 = no limit. summary.json's end_reason is then "time_limit"; comparisons at equal wall time."""
+    """Also end the run after this long of training, counted from the first wait for a batch
+    (start-up and first evaluation excluded; the final evaluation and export follow any end); 0 =
+    no limit. end_reason: "time_limit"."""
     stop_at_reward: float | None = None
-    """Also end the run once the sampled reward, averaged over the training batches of the last
-    `stop_reward_window` steps, reaches this (null = never). summary.json's end_reason is then
-    "reward_reached"; the final evaluation and export follow as for any end. The window counts
-    the steps of this process only (a resumed run fills it again)."""
+    """Also end the run once the sampled reward averaged over the last `stop_reward_window` steps
+    (of this process: a resumed run refills them) reaches this (null = never). end_reason:
+    "reward_reached"."""
     stop_reward_window: Count = 20
     """Steps averaged for `stop_at_reward`."""
     prompts_per_step: Count = 16
@@ -173,26 +174,28 @@ class LearnerConfig(Section):
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     """PPO clip: the ratio is clipped below at 1 - clip_low."""
     clip_high: Annotated[float, Meta(ge=0)] = 0.2
-    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher if > clip_low)."""
+    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher if > clip_low)."""
     dual_clip: Annotated[float, Meta(ge=0)] = 0.0
     """Dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)."""
     correction: Literal["none", "tis", "decoupled", "mask"] = "none"
-    """Off-policy correction: none | tis | decoupled | mask (see docs/staleness.md)."""
+    """Off-policy correction (docs/staleness.md)."""
     is_cap: Positive = 2.0
-    """C: importance weights min(pi_prox / mu, C) are truncated at this value (tis, decoupled)."""
+    """C: importance weights are min(pi_prox / mu, C) (tis, decoupled)."""
     is_level: Literal["token", "sequence"] = "token"
-    """Importance weight granularity: token | sequence."""
+    """Importance weights per token or per sequence."""
     mask_low: Annotated[float, Meta(gt=0, lt=1)] = 0.5
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
     """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
+    mask_denominator: Literal["trained", "accepted"] = "trained"
+    """mask correction: rejected tokens count in the loss's denominators (trained) or not (accepted, as verl)."""
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
-    """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
+    """Loss aggregation (constant: Dr.GRPO, divided by max_new_tokens)."""
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
-    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo |
-    reinforce_pp (batch-normalised returns) | gae, vtrace (with a critic; docs/algorithms.md)."""
+    """grpo: group mean/std; drgrpo: group mean only; reinforce_pp: batch-normalised returns; gae,
+    vtrace: with a critic (docs/algorithms.md)."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -200,14 +203,12 @@ class LearnerConfig(Section):
     checkpoint_every: NonNegative = 100
     """Save a checkpoint every N steps (0 = only at the end)."""
     checkpoint_keep: NonNegative = 2
-    """Keep the newest N checkpoints and delete older ones once a new one is complete (0 = keep
-    all). A SmolLM2-135M checkpoint with AdamW state is 1.6 GB."""
+    """Keep the newest N checkpoints, deleting older ones once a new one is complete (0 = all).
+    SmolLM2-135M with AdamW state: 1.6 GB each."""
     resume: bool = False
-    """Continue the run in run_dir from its newest checkpoint (refused if that checkpoint is
-    another run's)."""
+    """Continue the run in run_dir from its newest checkpoint (not another run's)."""
     overwrite: bool = False
-    """Start a new run in a run_dir that holds one, deleting its metrics, summary, checkpoints
-    and final model first (without it, and without resume, such a run_dir is an error)."""
+    """Replace the run run_dir holds (its files are deleted first); without it, an error."""
     log_every: Count = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     trace_steps: NonNegative = 0
@@ -216,27 +217,21 @@ class LearnerConfig(Section):
     trace_from_step: NonNegative = 5
     """The traced steps start after this version (past start-up)."""
     tensorboard: bool = True
-    """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
+    """Also write every step's metrics to run_dir/tensorboard (if tensorboard is installed)."""
     tracker: Literal["none", "wandb", "mlflow"] = "none"
-    """Experiment tracker that also gets every step's metrics and the summary: none | wandb | mlflow
-    (the package must be installed: `pip install -e .[tracking]`; the learner refuses to start otherwise)."""
+    """Also send every step's metrics and the summary to W&B or MLflow (`pip install -e
+    .[tracking]`, else the learner refuses to start)."""
     tracker_project: str = "tether"
     """W&B project / MLflow experiment name the run is logged under."""
     tracker_online: bool = False
-    """False: offline (W&B mode=offline in run_dir/wandb, MLflow SQLite store run_dir/mlflow.db);
-    True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
+    """false: offline (W&B in run_dir/wandb, MLflow in run_dir/mlflow.db); true: W&B syncs to its
+    server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
-    backend: Literal["single", "fsdp2", "megatron"] = "single"
-    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
-    (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
-    megatron_tp: Count = 1
-    """megatron: tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
-    megatron_pp: Count = 1
-    """megatron: pipeline-parallel size (stages of consecutive layers); the data-parallel size is
-    torchrun ranks / (megatron_tp * megatron_pp)."""
+    backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
+    """Training backend (each kind's section below; docs/backends.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
+    """Training device: auto = CUDA when present, else cpu; cuda = cuda:LOCAL_RANK."""
     cpu_placement: Literal["shared", "split"] = "shared"
     """CPU learner with local actor processes: shared (every process on every core, one torch
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
@@ -244,13 +239,15 @@ class LearnerConfig(Section):
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
-    """KL estimator per token: k1 | k2 | k3 (Schulman 2020) | low_var_kl (k3 clamped as verl does)."""
+    """Per-token KL estimator (Schulman 2020; low_var_kl: k3 clamped as verl does)."""
     kl_in: Literal["loss", "reward"] = "loss"
-    """Where the reference KL goes: loss (a term of the loss) | reward (subtracted from the rewards)."""
+    """Reference KL as a term of the loss, or subtracted from the rewards."""
     entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """Discount per token (gae, vtrace, reinforce_pp)."""
+    reinforce_pp_std: Literal["population", "bessel"] = "population"
+    """reinforce_pp: whiten with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """GAE lambda."""
     value_clip: Annotated[float, Meta(ge=0)] = 0.2
@@ -262,13 +259,14 @@ class LearnerConfig(Section):
     vtrace_c: Positive = 1.0
     """V-trace c-bar: truncation of pi_prox / mu in the trace coefficients."""
     ratio_level: Literal["token", "sequence"] = "token"
-    """PPO ratio: token | sequence (GSPO: the length-normalised sequence ratio is clipped)."""
+    """PPO ratio per token, or per sequence (GSPO: the length-normalised sequence ratio is
+    clipped)."""
     policy_loss: Literal["ppo", "cispo"] = "ppo"
-    """ppo (clipped surrogate) | cispo (REINFORCE with a clipped, stop-gradient ratio weight;
-    bounds 1 - clip_low, 1 + clip_high)."""
+    """ppo: clipped surrogate; cispo: REINFORCE with a clipped, stop-gradient ratio weight (bounds
+    1 - clip_low, 1 + clip_high)."""
     drop_uniform_groups: bool = False
-    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform})
-    and more prompts are leased to fill the batch."""
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform}) and
+    more prompts leased to fill the batch."""
     mask_truncated: bool = False
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
@@ -278,64 +276,15 @@ class LearnerConfig(Section):
 class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
-    engine: Literal["hf", "vllm", "sglang", "simulated"] = "hf"
-    """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
-    update_mode: Literal["wait", "keep", "abort"] = "keep"
-    """vllm, sglang: how new weights reach running requests: wait (finish them first) | keep (pause,
-    swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
-    resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
-    vllm_kv_cache_gb: Positive = 1.0
-    """vllm: KV cache size in GiB (CPU or GPU memory)."""
-    vllm_enforce_eager: bool = True
-    """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
-    vllm_max_num_seqs: Count = 256
-    """vllm: most sequences the scheduler runs at once."""
-    hf_logprobs: Literal["forward", "sampling"] = "forward"
-    """hf: behavior logprobs from one more full forward over prompt + completion (forward:
-    batch-invariant and equal to the learner's recomputation, which η = 0's bitwise guarantees
-    need) or from the sampling steps' own KV-cache logits (sampling: no extra pass; differs
-    from the learner's by float rounding). docs/operations.md has the cost."""
-    sglang_max_total_tokens: NonNegative = 0
-    """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
-    sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
+    engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
+    """Rollout engine (each kind's section below; docs/engines.md)."""
     groups_per_request: Count = 8
-    """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
-    the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
-    agent: Literal["single_turn", "tools", "openai", "environment", "verifiers"] = "single_turn"
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
-    tools: ToolList = "calc"
-    """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
-    max_turns: Count = 4
-    """Multi-turn agents: most model turns (generations) per sample."""
-    max_total_tokens: int = 48
-    """Multi-turn agents: most completion tokens (model + tool) per sample; the learner refuses more."""
-    tool_timeout_s: Positive = 5.0
-    """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
-    tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
-    """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
-    python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start without bwrap) | rlimits (limits only: unsafe)."""
-    tool_max_procs: Count = 16
-    """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
-    tool_parser: Literal["tether", "hermes"] = "tether"
-    """How a model turn's tool calls are parsed (tools and openai agents): tether (`<call> NAME ARG </call>`, the tiny models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
-    openai_port: Port = 0
-    """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
-    openai_agent: str = ""
-    """openai agent: your `package.module:function` or `path/to/file.py:function`, called as
-    fn(base_url, messages) (sync or async) per sample."""
-    environment: str = ""
-    """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
-    sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
-    sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: lognormal sigma of the request latency (0 = constant)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
+    """Leases an actor asks for at once, generated as one batch: larger keeps the engine's batch
+    fuller (fewer round trips and tail waits) but returns samples later."""
+    agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
+    """Agent run per sample (each kind's section below; docs/agents.md)."""
     join_timeout_s: Annotated[float, Meta(ge=0)] = 0.0
-    """Seconds an actor keeps trying to join its learner before it exits (code 4); 0 = forever
-    (actors may start before their learner)."""
+    """Seconds an actor tries to join before it exits (code 4); 0 = forever."""
 
 
 class BufferConfig(Section):
@@ -349,9 +298,9 @@ class BufferConfig(Section):
 
 class TransportConfig(Section):
     kind: Literal["zmq", "inproc"] = "zmq"
-    """zmq (TCP; learner and actors in separate processes, on any nodes) | inproc (one process:
-    the learner runs actors.num_local actors as threads over ZeroMQ's in-process transport;
-    for debugging and protocol tests)."""
+    """zmq: TCP, learner and actors as processes on any nodes; inproc: the learner runs its
+    actors.num_local actors as threads over ZeroMQ's in-process transport (debugging, protocol
+    tests)."""
     host: str = "127.0.0.1"
     """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
     advertise_host: str = ""
@@ -405,6 +354,8 @@ class TetherConfig(Section):
     """The replay buffer between trajectory receiver and trainer."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """ZeroMQ sockets, heartbeats and limits."""
+    scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
+    """The scorer fleet that runs the model scorers of task.scorers."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -413,8 +364,8 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
-    "environment": "actors.environment:make_task",
-    "verifiers": "actors.verifiers_agent:make_task",
+    "environment": "actors.agents.environment:make_task",
+    "verifiers": "actors.agents.verifiers:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 REWARD_TASKS = ("data", "additions")
@@ -425,9 +376,10 @@ REWARD_TASKS = ("data", "additions")
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
-    if cfg.actors.agent == "single_turn":
-        return cfg.task.max_new_tokens
-    return cfg.actors.max_total_tokens
+    agent = cfg.actors.agent
+    if isinstance(agent, MultiTurnAgentConfig):
+        return agent.max_total_tokens
+    return cfg.task.max_new_tokens
 
 
 def check_ranges(cfg: TetherConfig) -> list[str]:
@@ -440,39 +392,42 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
             errors.append(f"{key} must be {rule}, got {value!r}")
 
     L, A, T = cfg.learner, cfg.actors, cfg.transport
+    agent, task = A.agent, cfg.task
     need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
     need(L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
-    need(L.backend != "megatron" or (L.kl_coef == 0 and L.entropy_coef == 0
-                                     and L.advantage not in ("gae", "vtrace")),
-         "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
-         "(not built for megatron yet)", L.backend)
-    need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
-         "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
-    world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
-    need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
-         "learner.megatron_tp * learner.megatron_pp",
-         f"a divisor of the torchrun world size {world}", L.megatron_tp * L.megatron_pp)
-    need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
-         f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
-    need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
-         "module:function or path/to/file.py:function when actors.agent is openai", A.openai_agent)
-    need(A.agent != "environment" or ":" in (A.environment or cfg.task.environment),
-         "actors.environment", "module:attribute (or task.environment set) when actors.agent is "
-         "environment", A.environment)
-    need(cfg.task.name != "environment" or ":" in cfg.task.environment, "task.environment",
-         "module:attribute when task.name is environment", cfg.task.environment)
-    need(cfg.task.name != "environment" or A.agent == "environment", "actors.agent",
-         "environment when task.name is environment (its rubric scores the rollouts)", A.agent)
-    need((A.agent == "verifiers") == (cfg.task.name == "verifiers"), "actors.agent",
+    if isinstance(L.backend, MegatronBackendConfig):
+        need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
+             "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
+             "(not built for megatron yet)", L.backend.kind)
+        need(L.lora.rank == 0, "learner.backend",
+             "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)",
+             L.backend.kind)
+        world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
+        need(not world or world % (L.backend.tp * L.backend.pp) == 0,
+             "learner.backend.tp * learner.backend.pp",
+             f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
+    if isinstance(agent, MultiTurnAgentConfig):
+        need(agent.max_total_tokens >= task.max_new_tokens, "actors.agent.max_total_tokens",
+             f">= task.max_new_tokens={task.max_new_tokens}", agent.max_total_tokens)
+    if isinstance(agent, EnvironmentAgentConfig):
+        need(":" in (agent.environment or task.environment), "actors.agent.environment",
+             "module:attribute (or task.environment set) when actors.agent is environment",
+             agent.environment)
+    need(task.name != "environment" or ":" in task.environment, "task.environment",
+         "module:attribute when task.name is environment", task.environment)
+    need(task.name != "environment" or isinstance(agent, EnvironmentAgentConfig), "actors.agent",
+         "environment when task.name is environment (its rubric scores the rollouts)", agent.kind)
+    need(isinstance(agent, VerifiersAgentConfig) == (task.name == "verifiers"), "actors.agent",
          "verifiers exactly when task.name is verifiers (its taskset's tasks are what the agent "
-         "plays)", A.agent)
-    need(cfg.task.name != "verifiers" or bool(cfg.task.verifiers_env), "task.verifiers_env",
+         "plays)", agent.kind)
+    need(task.name != "verifiers" or bool(task.verifiers_env), "task.verifiers_env",
          "module:attribute or a verifiers environment id when task.name is verifiers",
-         cfg.task.verifiers_env)
-    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
-         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
-         "task.name is environment", A.environment)
+         task.verifiers_env)
+    if task.name == "environment" and isinstance(agent, EnvironmentAgentConfig):
+        need(agent.environment in ("", task.environment), "actors.agent.environment",
+             f"empty or task.environment={task.environment!r} when task.name is environment",
+             agent.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
@@ -513,4 +468,26 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
+    errors += _scorer_rules(cfg)
+    return errors
+
+
+def model_scorers(cfg: TetherConfig) -> list:
+    """The scorers of task.scorers that run in the scorer fleet (classifier, judge, remote)."""
+    return [s for s in cfg.task.scorers if isinstance(s, MODEL_KINDS)]
+
+
+def _scorer_rules(cfg: TetherConfig) -> list[str]:
+    task, errors = cfg.task, []
+    names = [s.name for s in task.scorers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errors.append(f"task.scorers names must be unique, got {dup[0]!r} twice")
+    if task.scorers and task.reward:
+        errors.append(f"task.reward must be empty when task.scorers is set (add it as "
+                      f"{{kind: function, fn: {task.reward}}}), got {task.reward!r}")
+    for i, s in enumerate(task.scorers):
+        if getattr(s, "fn", "") and ":" not in s.fn:
+            errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
+                          f"got {s.fn!r}")
     return errors

@@ -15,8 +15,8 @@ import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
-from learner import tracking
 from learner.model_setup import missing_model
+from learner.obs import tracking
 from learner.run_dir import RunDirError, check
 
 

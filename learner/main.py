@@ -36,16 +36,19 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, run_dir as run_dirs, tracking
+from learner import distributed, run_dir as run_dirs
+from learner.backends.registry import make_backend
+from learner.obs import tracking
 from learner.evaluate import Evaluation, held_out
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
-from learner.metrics import MetricsLog
+from learner.local_scorers import LocalScorers
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.reward_health import RewardHealth
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
@@ -77,9 +80,8 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
-                                       devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
-                                       pp=L.megatron_pp, lora=L.lora)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
@@ -125,6 +127,7 @@ class LeadState:
     leases: LeaseTable
     server: LearnerServer
     actors: LocalActors
+    scorers: LocalScorers
     metrics: MetricsLog
     eval_engine: object
     eval_start: Evaluation
@@ -142,7 +145,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
           actor_cpus: list[list[int]] | None = None, run_id: str = "") -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -178,12 +181,13 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, packed=packed, run_id=run_id,
-                     reward_health=health)
+                     server=server, actors=actors, scorers=scorers, metrics=metrics,
+                     eval_engine=eval_engine, eval_start=eval_start, version=version,
+                     packed=packed, run_id=run_id, reward_health=health)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -246,6 +250,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
         st.buffer.close()
         st.metrics.close()
         st.actors.reap()
+        st.scorers.reap()
     return reason
 
 
@@ -430,7 +435,9 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
-    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    scoring = snap["scoring"]
+    accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+                 + scoring.get("groups", 0))
     return {
         "run_id": st.run_id,
         "eval_reward_start": st.eval_start.reward, "eval_reward_end": eval_end.reward,
@@ -439,10 +446,13 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
-                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"],
+                   "scoring": scoring.get("groups", 0)},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
-        "accounting_ok": accounted == lc["granted"],
+        "scoring": scoring,
+        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
+            scoring["scored"] + scoring["failed"] + scoring["live"])),
         "metrics_summary": st.metrics.summary(),
     }

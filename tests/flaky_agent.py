@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from actors.openai_example import chat
+from actors.agents.openai.example import chat
 
 _calls = itertools.count()
 

@@ -11,7 +11,7 @@ def test_a_raising_rollout_in_the_learners_evaluation_is_counted_not_fatal(tmp_p
     (a 379-line traceback); in actors the same error only drops that sample."""
     run = tmp_path / "run"
     s, _ = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=1", "task.eval_prompts=8",
-                            "actors.agent=openai", "actors.openai_agent=flaky_agent:agent",
+                            "actors.agent=openai", "actors.agent.function=flaky_agent:agent",
                             "actors.num_local=1", "learner.prompts_per_step=4",
                             "buffer.capacity_groups=4")
     assert s["steps"] == 1

@@ -111,7 +111,7 @@ def test_a_clients_temperature_is_recorded_as_not_applied_and_the_tasks_is_used(
 
 def test_the_openai_tools_example_runs_with_the_installed_openai_client():
     """It imported `httpx`, which openai 3.x no longer installs (it depends on httpx2)."""
-    from actors.openai_tools_example import calculator_agent
+    from actors.agents.openai.tools_example import calculator_agent
 
     r = run_agent(calculator_agent, ScriptedLLM([CALL, ANSWER]))
     assert r.reward == 1.0 and r.finish == "answer"

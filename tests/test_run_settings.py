@@ -22,7 +22,7 @@ def test_an_actor_started_with_another_preset_runs_the_learners_task_and_agent(
         line = ap.wait_for(r"the learner's run settings replace this actor's: (.*)",
                            timeout=180).group(1)
         assert "task.name='calculator' (this actor's: 'reverse')" in line, line
-        assert "actors.agent='tools' (this actor's: 'single_turn')" in line, line
+        assert "actors.agent.kind='tools' (this actor's: 'single_turn')" in line, line
         assert "task.max_new_tokens=12 (this actor's: 5)" in line, line
         s = procs.finish_clean(lp, run, 2, timeout=300)
         assert ap.finish(timeout=60) == 0, ap.tail()
