@@ -1,6 +1,6 @@
 """A vLLM actor's extra host memory while it loads a weight version: the one-RPC load (the path
 before issue 42: every bucket copied with bytes(), the RPC's msgpack, EngineCore's decode,
-unpack) against the bucket-per-RPC stream (actors/vllm_worker.py tether_load_bucket).
+unpack) against the bucket-per-RPC stream (actors/engines/vllm/worker.py tether_load_bucket).
 
     flock /work/coord/bigmem.lock .venv/bin/python lab/vllm_load_memory.py
 
@@ -58,7 +58,7 @@ def main() -> None:
     from safetensors.torch import load_file
 
     import engine_refs as refs
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
     from transport.weights import pack
 
     state = load_file(str(MODEL / "model.safetensors"))

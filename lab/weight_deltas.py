@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     from configs.loader import load_config
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from learner.publisher import Publisher
     from transport.weightsrc import delta
 

@@ -1,18 +1,44 @@
 """Held-out evaluation: one sampled rollout per held-out prompt, through the configured agent
-(so a tool-use task is evaluated with its tools), mean reward."""
+(so a tool-use task is evaluated with its tools), mean reward. With model scorers in
+`task.scorers` the learner scores the rollouts itself, with the same scorers built in its own
+process for the evaluation (batches of `scoring.batch_size`; judges on the HF engine), not
+through the fleet.
+
+A rollout that raises (a bug in an agent, a client gone) is counted, logged (the first three)
+with its error, and left out of the mean, as an actor drops such a sample: it never ends the run."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import dataclass
 
-from actors.agents import make_agent
+from actors.agents.registry import make_agent
 from actors.rollout import RolloutTask
-from actors.client import EngineClient
-from actors.hf_engine import HFEngine
-from configs.schema import TetherConfig
+from actors.engines.client import EngineClient
+from actors.engines.hf import HFEngine
+from configs.schema import TetherConfig, model_scorers
+
+log = logging.getLogger(__name__)
 
 
-def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
+@dataclass(frozen=True)
+class Evaluation:
+    reward: float | None
+    """Mean reward of the rollouts that completed (None: none did)."""
+    errors: int
+    """Rollouts that raised."""
+    prompts: int
+    reward_failures: int = 0
+    """Completed rollouts whose reward call failed (error or timeout; scored 0)."""
+
+    def __str__(self) -> str:
+        reward = "n/a" if self.reward is None else f"{self.reward:.3f}"
+        return reward + (f" ({self.errors} of {self.prompts} rollouts failed)" if self.errors
+                         else "")
+
+
+def held_out(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> Evaluation:
     """Blocks while it generates; every sample is seeded from (seed + 12345, prompt id)."""
     prompts = task.eval_prompts(cfg.task.eval_prompts)
     agent = make_agent(cfg, task, tokenizer)
@@ -21,10 +47,47 @@ def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
                          temperature=cfg.task.temperature, run_seed=cfg.learner.seed + 12345)
              for p in prompts]
 
-    async def run_all() -> list[float]:
+    async def run_all() -> tuple[list, list, list[float]]:
         client = EngineClient(engine)
-        rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks))
-        return [r.reward for r in rollouts]
+        rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks),
+                                        return_exceptions=True)
+        pairs = [(t, r) for t, r in zip(tasks, rollouts) if not isinstance(r, BaseException)]
+        failed = [(t, r) for t, r in zip(tasks, rollouts) if isinstance(r, BaseException)]
+        rewards = [r.reward for _, r in pairs]
+        if model_scorers(cfg) and pairs:
+            rewards = await _add_model_scores(cfg, tokenizer, *zip(*pairs), rewards)
+        return pairs, failed, rewards
 
-    rewards = asyncio.run(run_all())
-    return sum(rewards) / len(rewards)
+    pairs, failed, rewards = asyncio.run(run_all())
+    for t, e in failed[:3]:
+        log.warning("held-out rollout of prompt %d failed (counted, left out of the mean): %r",
+                    t.prompt_id, e)
+    reward_failures = sum(any(r.scores.get(f) for f in ("reward_error", "reward_timeout"))
+                          for _, r in pairs)
+    return Evaluation(sum(rewards) / len(rewards) if rewards else None, len(failed), len(tasks),
+                      reward_failures)
+
+
+def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float | None:
+    """The mean held-out reward alone (see `held_out`)."""
+    return held_out(engine, task, cfg, tokenizer).reward
+
+
+async def _add_model_scores(cfg: TetherConfig, tokenizer, tasks, rollouts, rewards) -> list[float]:
+    from actors.scorer import build_scorers, score_items
+    from tasks.scorers import make_item
+
+    scorers = await build_scorers(cfg, judge_engine_kind="hf")
+    weights = {s.name: s.weight for s in scorers}
+    items = [make_item(tokenizer, t.meta, t.prompt_ids, r.completion_ids)
+             for t, r in zip(tasks, rollouts)]
+    n = cfg.scoring.batch_size
+    out = list(rewards)
+    try:
+        for lo in range(0, len(items), n):
+            for i, scores in enumerate(await score_items(scorers, items[lo:lo + n]), start=lo):
+                out[i] += sum(weights[k] * (0.0 if v != v else v) for k, v in scores.items())
+    finally:
+        for s in scorers:
+            await s.close()
+    return out

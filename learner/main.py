@@ -40,15 +40,19 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, tracking
-from learner.evaluate import evaluate
+from learner import distributed, run_dir as run_dirs
+from learner.backends.registry import make_backend
+from learner.obs import tracking
+from learner.evaluate import Evaluation, held_out
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
-from learner.metrics import MetricsLog
+from learner.local_scorers import LocalScorers
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
+from learner.reward_health import RewardHealth
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from learner.publisher import Publisher
 from transport.weights import PackedWeights, unpack, write_file
@@ -69,22 +73,21 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend.kind, cfg.learner.device)
+    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
+    run_id = ""
     if ranks.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_id = run_dirs.begin(cfg)  # a run_dir holding another run stops here
         save_config(cfg, run_dir / "config.yaml")
         ensure_model(cfg)
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
-    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
-                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
-                                       pp=tp_pp[1], lora=L.lora)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
@@ -98,7 +101,7 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        state = start(cfg, team, tokenizer, checkpoint, actor_cpus)
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id)
         reason = train(cfg, team, state, sigterm)
         summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
@@ -130,20 +133,25 @@ class LeadState:
     leases: LeaseTable
     server: LearnerServer
     actors: LocalActors
+    scorers: LocalScorers
     metrics: MetricsLog
     eval_engine: object
-    eval_start: float
+    eval_start: Evaluation
     version: int
     """Policy version = optimizer steps done."""
     publisher: Publisher
     """Packs each gathered version in its own thread and announces it."""
+    run_id: str = ""
+    """The run's id (learner/run_dir.py): in run.json, every checkpoint and summary.json."""
+    reward_health: RewardHealth | None = None
+    """Stops the run when the reward keeps failing (learner/reward_health.py)."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          actor_cpus: list[list[int]] | None = None) -> LeadState:
+          actor_cpus: list[list[int]] | None = None, run_id: str = "") -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -178,7 +186,10 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                                                       _for_actors(cfg, pub)))
     team.gather_weights(version, publisher, dtype)
     eval_start = _evaluate(eval_engine, publisher.wait().full, task, cfg, tokenizer)
-    log.info("held-out reward at v%d: %.3f", version, eval_start)
+    log.info("held-out reward at v%d: %s", version, eval_start)
+    health = RewardHealth(cfg)
+    health.check(eval_start.prompts - eval_start.errors, eval_start.reward_failures,
+                 f"in the held-out evaluation at v{version}")
 
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
@@ -186,11 +197,13 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, publisher=publisher)
+                     server=server, actors=actors, scorers=scorers, metrics=metrics,
+                     eval_engine=eval_engine, eval_start=eval_start, version=version,
+                     publisher=publisher, run_id=run_id, reward_health=health)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -229,11 +242,14 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 team.gather_weights(st.version, st.publisher,
                                     devices.torch_dtype(cfg.model.dtype))
             m.update(tl.end_step(st.version))
-            st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
+            snap = st.server.snapshot()
+            st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())
+            if st.reward_health is not None:
+                st.reward_health.observe(snap["reward_scores"])
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
                 with tl.span("checkpoint"):  # counted in the next step's row
                     _save_checkpoint(team, st.server, run_dir, st.version,
-                                     cfg.learner.checkpoint_keep)
+                                     cfg.learner.checkpoint_keep, st.run_id)
             if _reward_reached(cfg, st.metrics):
                 reason = "reward_reached"
                 log.info("learner.stop_at_reward=%g reached at v%d (mean sampled reward of the "
@@ -252,6 +268,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
             st.buffer.close()
             st.metrics.close()
             st.actors.reap()
+            st.scorers.reap()
     return reason
 
 
@@ -269,7 +286,8 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
-        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep)
+        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep,
+                         st.run_id)
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
@@ -301,10 +319,10 @@ def _for_actors(cfg: TetherConfig, pub: Published) -> Published:
     return Published(full=PackedWeights(manifest=notice, buckets=()))
 
 
-def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:
+def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> Evaluation:
     """Held-out reward of the published weights `packed` (no second gather of the model)."""
     engine.load_packed(packed.manifest, list(packed.buckets))
-    return evaluate(engine, task, cfg, tokenizer)
+    return held_out(engine, task, cfg, tokenizer)
 
 
 def _log_summary(summary: dict) -> None:
@@ -368,10 +386,7 @@ def _log_waiting(st: LeadState) -> None:
         raise RuntimeError("every local actor has exited; see run_dir/logs/actor-*.log")
 
 
-def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a `step_N.tmp` left by a crash is not one)."""
-    dirs = [p for p in (run_dir / "checkpoints").glob("step_*") if p.name[5:].isdigit()]
-    return sorted(dirs, key=lambda p: int(p.name[5:]))
+_checkpoint_dirs = run_dirs.checkpoint_dirs
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -382,12 +397,12 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: Path,
-                     version: int, keep: int) -> None:
+                     version: int, keep: int, run_id: str = "") -> None:
     snap = server.snapshot()
     state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
     tmp = path.with_name(path.name + ".tmp")
-    team.save_checkpoint(tmp, {"version": version, **state})
+    team.save_checkpoint(tmp, {"version": version, "run_id": run_id, **state})
     np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
         shutil.rmtree(path)
@@ -435,22 +450,31 @@ def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
             setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
-def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, reason: str) -> dict:
+def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float,
+             reason: str) -> dict:
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
-    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    scoring = snap["scoring"]
+    accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+                 + scoring.get("groups", 0))
     return {
-        "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
+        "run_id": st.run_id,
+        "eval_reward_start": st.eval_start.reward, "eval_reward_end": eval_end.reward,
+        "eval_errors_start": st.eval_start.errors, "eval_errors_end": eval_end.errors,
+        "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
-                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"],
+                   "scoring": scoring.get("groups", 0)},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
         "weights_sent_bytes": snap["weights_sent_bytes"],
         "weight_buckets_corrupt": snap["weight_buckets_corrupt"],
-        "accounting_ok": accounted == lc["granted"],
+        "scoring": scoring,
+        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
+            scoring["scored"] + scoring["failed"] + scoring["live"])),
         "metrics_summary": st.metrics.summary(),
     }

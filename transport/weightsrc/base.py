@@ -17,7 +17,7 @@ from configs.schema import TransportConfig
 
 
 class WeightSink(Protocol):
-    """What a source loads into: the actor's engine client (actors/engine.py LLMClient)."""
+    """What a source loads into: the actor's engine client (actors/engines/base.py LLMClient)."""
 
     version: int
 

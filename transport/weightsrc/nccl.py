@@ -35,7 +35,7 @@ from transport.weightsrc.zmq_pull import ZmqSource
 
 
 class BroadcastSink(WeightSink):
-    """An engine client that can receive a broadcast (actors/vllm_engine.py VLLMEngine)."""
+    """An engine client that can receive a broadcast (actors/engines/vllm/engine.py VLLMEngine)."""
 
     async def receive_broadcast(self, manifest: m.WeightManifest, plan: m.NcclPlan) -> None: ...
 
