@@ -262,6 +262,14 @@ class LearnerConfig(Section):
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
+    max_tokens_per_microbatch: NonNegative = 0
+    """Per rank: its share of each minibatch goes through the model in micro-batches of rows
+    sorted by length, at most this many (rows x longest row) tokens each (a longer row goes
+    alone), gradients accumulated, the loss normalised by the whole minibatch (0 = one batch,
+    rows padded to the minibatch's longest). single and fsdp2."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (policy and critic; single and fsdp2: per layer, megatron: full uniform recompute)."""
 
 
 class ActorsConfig(Section):
@@ -429,6 +437,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
                                      and L.advantage not in ("gae", "vtrace")),
          "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
          "(not built for megatron yet)", L.backend)
+    need(L.max_tokens_per_microbatch == 0 or L.backend != "megatron", "learner.backend",
+         "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
+         "batches into its own pipeline micro-batches)", L.backend)
     need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
          "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
     world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun

@@ -50,7 +50,19 @@ class Backend(Protocol):
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
-        global-norm clipping, optimizer step; returns the global gradient norm before clipping."""
+        global-norm clipping, optimizer step; returns the global gradient norm before clipping.
+        The same as `zero_grad`, `backward(loss)`, `apply_gradients(max_grad_norm)`."""
+
+    def zero_grad(self) -> None:
+        """Forget the gradients (before the first `backward` of an update)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward on a share of the loss; gradients add up (micro-batches), summed over
+        data-parallel ranks."""
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
+        """Global-norm clipping and the optimizer step on the accumulated gradients; returns
+        the global gradient norm before clipping."""
 
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-rank shares of the loss statistics -> minibatch values (sum; max for `*_max`)."""
@@ -129,8 +141,17 @@ class SingleProcessBackend:
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""
+        self.zero_grad()
+        self.backward(loss)
+        return self.apply_gradients(max_grad_norm)
+
+    def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
         if max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
         else:

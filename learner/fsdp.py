@@ -82,8 +82,19 @@ class FSDP2Backend:
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the global gradient norm before clipping."""
+        self.zero_grad()
+        self.backward(loss)
+        return self.apply_gradients(max_grad_norm)
+
+    def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Each backward reduce-scatters (sums) its gradients into the sharded ones: several
+        micro-batches accumulate in shards, never in a whole unsharded copy."""
         loss.backward()
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):
