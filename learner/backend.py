@@ -101,6 +101,16 @@ def with_lora(model: torch.nn.Module, lora: LoraConfig | None) -> tuple[torch.nn
             LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=targets))
 
 
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Activation checkpointing: each decoder layer's activations are recomputed in the
+    backward instead of kept (HF's per-layer torch.utils.checkpoint, non-reentrant; the
+    state dict's names do not change). `model`: an HF causal LM, a peft model of one, or a
+    module whose `.model` is an HF backbone (the critic)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base if hasattr(base, "gradient_checkpointing_enable") else base.model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """What the optimizer steps: every parameter, or the adapters only under LoRA."""
     return [p for p in model.parameters() if p.requires_grad]
@@ -113,10 +123,11 @@ class SingleProcessBackend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device = torch.device("cpu"),
                  dtype: torch.dtype = torch.float32, model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None) -> None:
+                 lora: LoraConfig | None = None, activation_checkpointing: bool = False) -> None:
         """fp32 weights on `device`; forward passes in `dtype` (models/devices.py). `model`:
         train this module instead of the HF causal LM in `model_dir` (the critic). `lora`:
-        train adapters of that rank on the frozen model (rank 0 = full weights)."""
+        train adapters of that rank on the frozen model (rank 0 = full weights).
+        `activation_checkpointing`: recompute each layer in the backward (`checkpoint_layers`)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -126,6 +137,8 @@ class SingleProcessBackend:
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32)
         self.model, self.lora = with_lora(model, lora)
+        if activation_checkpointing:
+            checkpoint_layers(self.model)
         self.model.to(device).train()
         self.optimizer = torch.optim.AdamW(trainable(self.model), lr=lr,
                                            weight_decay=weight_decay)

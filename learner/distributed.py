@@ -131,21 +131,25 @@ def exit_rank(code: int) -> NoReturn:
 def make_backend(backend: str, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  ranks: Ranks, dtype: torch.dtype = torch.float32, *, tp: int = 1,
                  pp: int = 1, model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None) -> Backend:
+                 lora: LoraConfig | None = None, activation_checkpointing: bool = False
+                 ) -> Backend:
     """`tp`, `pp`: Megatron's tensor/pipeline-parallel sizes (megatron only). `model`: train
     that module (the critic) instead of the causal LM in `model_dir` (single, fsdp2). `lora`:
-    train adapters on the frozen model (single, fsdp2; `learner.lora`)."""
+    train adapters on the frozen model (single, fsdp2; `learner.lora`).
+    `activation_checkpointing`: `learner.activation_checkpointing`."""
+    ac = activation_checkpointing
     if backend == "single":
         return SingleProcessBackend(model_dir, lr, weight_decay, seed, ranks.device, dtype,
-                                    model=model, lora=lora)
+                                    model=model, lora=lora, activation_checkpointing=ac)
     if backend == "megatron":
         from learner.megatron import MegatronBackend
 
-        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp, dtype)
+        return MegatronBackend(model_dir, lr, weight_decay, seed, ranks.device, tp, pp, dtype,
+                               activation_checkpointing=ac)
     from learner.fsdp import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, ranks.device, dtype, model=model,
-                        lora=lora)
+                        lora=lora, activation_checkpointing=ac)
 
 
 def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) -> AlgoModels:
@@ -163,7 +167,8 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
     if needs_critic(cfg):
         path = Path(M.critic_path or M.path)
         out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed, ranks,
-                                  model=ValueModel(path))
+                                  model=ValueModel(path, meta=L.backend == "fsdp2"),
+                                  activation_checkpointing=L.activation_checkpointing)
     return out
 
 

@@ -77,7 +77,8 @@ def run(cfg: TetherConfig) -> dict | None:
     L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
                                        devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
-                                       pp=L.megatron_pp, lora=L.lora)
+                                       pp=L.megatron_pp, lora=L.lora,
+                                       activation_checkpointing=L.activation_checkpointing)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)

@@ -8,6 +8,11 @@ With one minibatch and one epoch, pi_prox is pi_theta before the only update: th
 pi_theta's forward (with gradient) first and takes pi_prox from it, detached, instead of a
 second no-grad forward (the same values bit for bit; tests/test_trainer_fused.py).
 
+Micro-batches (`learner.max_tokens_per_microbatch`, learner/microbatch.py): every forward of
+the step (pi_prox, reference, critic, pi_theta) runs a few rows at a time, each update's
+gradients accumulate over them and one optimizer step follows; pi_prox is then always its own
+no-grad pass (pi_theta's graph is never held for the whole share).
+
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
 

@@ -70,3 +70,32 @@ def test_plan_packs_rows_by_length_within_the_budget(tiny_model_dir):
     assert padded < mb.input_ids.numel()
     alone = microbatch.plan(torch.tensor([5, 60, 7]), 20)  # a row over the budget goes alone
     assert [(p.rows.tolist(), p.length) for p in alone] == [([1], 60), ([0, 2], 7)]
+
+
+def test_activation_checkpointing_keeps_the_gradients_and_drops_saved_activations(tiny_model_dir):
+    """learner.activation_checkpointing: the same step (bitwise: the recomputation repeats the
+    forward's kernels), and the policy's forward keeps far fewer bytes for the backward."""
+    def run(ac: bool):
+        cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0",
+                                 f"learner.activation_checkpointing={str(ac).lower()}")
+        L = cfg.learner
+        backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed,
+                                       activation_checkpointing=ac)
+        saved = 0
+
+        def pack(t):
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+        ids = collate(fsdp_worker.synthetic_groups(cfg, 0), pad_id=0).input_ids
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            backend.logprobs(ids, 1.0).sum()
+        trainer = Trainer(cfg, backend, pad_id=0)
+        trainer.step(fsdp_worker.synthetic_groups(cfg, 0), 0)
+        return saved, backend.state_dict()
+
+    plain_saved, plain = run(False)
+    ac_saved, ac = run(True)
+    assert ac_saved < plain_saved / 2, (ac_saved, plain_saved)
+    for k in plain:
+        assert torch.equal(plain[k], ac[k]), k
