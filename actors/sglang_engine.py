@@ -1,12 +1,12 @@
 """SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
-child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked in CPU
+child processes (docs/engines/sglang.md says why this and not `sglang.launch_server`), forked in CPU
 actors (actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.
 
-Weight updates (`actors.update_mode`), each with the engine paused so a version lands whole:
+Weight updates (`actors.engine.update_mode`), each with the engine paused so a version lands whole:
 
     wait   new requests queue; once the running ones have finished: pause, load, continue
     keep   pause(mode="retract"): running requests go back to the queue and drop their KV;

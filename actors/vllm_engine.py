@@ -5,7 +5,7 @@ on our side: vLLM's scheduler does continuous batching). vLLM's EngineCore runs 
 process (forked in CPU actors: actors/forked.py); this object lives in the actor's event loop and never
 blocks it.
 
-Weight updates (`actors.update_mode`), all without restarting the engine:
+Weight updates (`actors.engine.update_mode`), all without restarting the engine:
 
     wait   pause(mode="wait"): new requests queue, running ones finish; load; resume
     keep   pause(mode="keep"): running requests freeze; load; drop all KV (running requests

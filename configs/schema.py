@@ -23,25 +23,23 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-TOOLS = ("calc", "python")
-"""Tools the `tools` agent can offer (actors/tools.py)."""
+from configs.agents import (TOOLS, AgentConfig, EndpointAgentConfig, EnvironmentAgentConfig,
+                            MultiTurnAgentConfig, OpenAIAgentConfig, SingleTurnAgentConfig,
+                            ToolsAgentConfig, VerifiersAgentConfig)
+from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackendConfig,
+                              SingleBackendConfig)
+from configs.base import Count, Kind, NonNegative, Port, Positive, Section
+from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
+                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
 
-Count = Annotated[int, Meta(ge=1)]
-"""An int >= 1."""
-NonNegative = Annotated[int, Meta(ge=0)]
-"""An int >= 0."""
-Positive = Annotated[float, Meta(gt=0)]
-"""A float > 0."""
-Port = Annotated[int, Meta(ge=0, le=65535)]
-"""A TCP port; 0 = pick a free one."""
-_TOOL = "|".join(TOOLS)
-ToolList = Annotated[str, Meta(pattern=rf"^\s*({_TOOL})\s*(,\s*({_TOOL})\s*)*$",
-                               description=f"a comma-separated subset of {TOOLS}")]
-"""Comma-separated names from TOOLS."""
-
-
-class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A config section: keyword-only, and an unknown key is an error."""
+__all__ = [  # the per-kind sections, importable from here too
+    "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
+    "EnvironmentAgentConfig", "FSDP2BackendConfig", "HFEngineConfig", "Kind",
+    "MegatronBackendConfig", "MultiTurnAgentConfig", "NonNegative", "OpenAIAgentConfig", "Port",
+    "Positive", "SGLangEngineConfig", "Section", "SimulatedEngineConfig", "SingleBackendConfig",
+    "SingleTurnAgentConfig", "StreamingEngineConfig", "ToolsAgentConfig", "VLLMEngineConfig",
+    "VerifiersAgentConfig",
+]
 
 
 class ModelConfig(Section):
@@ -179,6 +177,8 @@ class LearnerConfig(Section):
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
     """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
+    mask_denominator: Literal["trained", "accepted"] = "trained"
+    """mask correction: rejected tokens count in the loss's denominators (trained) or not (accepted, as verl)."""
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
@@ -216,14 +216,9 @@ class LearnerConfig(Section):
     True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
-    backend: Literal["single", "fsdp2", "megatron"] = "single"
+    backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
     """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
     (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
-    megatron_tp: Count = 1
-    """megatron: tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
-    megatron_pp: Count = 1
-    """megatron: pipeline-parallel size (stages of consecutive layers); the data-parallel size is
-    torchrun ranks / (megatron_tp * megatron_pp)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
     cpu_placement: Literal["shared", "split"] = "shared"
@@ -240,6 +235,8 @@ class LearnerConfig(Section):
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """Discount per token (gae, vtrace, reinforce_pp)."""
+    reinforce_pp_std: Literal["population", "bessel"] = "population"
+    """reinforce_pp: whiten with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """GAE lambda."""
     value_clip: Annotated[float, Meta(ge=0)] = 0.2
@@ -263,72 +260,22 @@ class LearnerConfig(Section):
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
     max_tokens_per_microbatch: NonNegative = 0
-    """Per rank: its share of each minibatch goes through the model in micro-batches of rows
-    sorted by length, at most this many (rows x longest row) tokens each (a longer row goes
-    alone), gradients accumulated, the loss normalised by the whole minibatch (0 = one batch,
-    rows padded to the minibatch's longest). single and fsdp2."""
+    """Per rank: micro-batches of rows bucketed by length, at most this many tokens each
+    (rows x longest row), gradients accumulated (0 = one batch). single and fsdp2."""
     activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward instead of keeping them
-    (policy and critic; single and fsdp2: per layer, megatron: full uniform recompute)."""
+    """Recompute each decoder layer's activations in the backward instead of keeping them."""
 
 
 class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
-    engine: Literal["hf", "vllm", "sglang", "simulated"] = "hf"
+    engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
     """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
-    update_mode: Literal["wait", "keep", "abort"] = "keep"
-    """vllm, sglang: how new weights reach running requests: wait (finish them first) | keep (pause,
-    swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
-    resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
-    vllm_kv_cache_gb: Positive = 1.0
-    """vllm: KV cache size in GiB (CPU or GPU memory)."""
-    vllm_enforce_eager: bool = True
-    """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
-    vllm_max_num_seqs: Count = 256
-    """vllm: most sequences the scheduler runs at once."""
-    hf_logprobs: Literal["forward", "sampling"] = "forward"
-    """hf: behavior logprobs from one more full forward over prompt + completion (forward:
-    batch-invariant and equal to the learner's recomputation, which η = 0's bitwise guarantees
-    need) or from the sampling steps' own KV-cache logits (sampling: no extra pass; differs
-    from the learner's by float rounding). docs/operations.md has the cost."""
-    sglang_max_total_tokens: NonNegative = 0
-    """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
-    sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
     groups_per_request: Count = 8
     """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
     the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
-    agent: Literal["single_turn", "tools", "openai", "environment", "verifiers"] = "single_turn"
+    agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
     """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
-    tools: ToolList = "calc"
-    """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
-    max_turns: Count = 4
-    """Multi-turn agents: most model turns (generations) per sample."""
-    max_total_tokens: int = 48
-    """Multi-turn agents: most completion tokens (model + tool) per sample; the learner refuses more."""
-    tool_timeout_s: Positive = 5.0
-    """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
-    tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
-    """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
-    python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start without bwrap) | rlimits (limits only: unsafe)."""
-    tool_max_procs: Count = 16
-    """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
-    tool_parser: Literal["tether", "hermes"] = "tether"
-    """How a model turn's tool calls are parsed (tools and openai agents): tether (`<call> NAME ARG </call>`, the tiny models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
-    openai_port: Port = 0
-    """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
-    openai_agent: str = ""
-    """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
-    environment: str = ""
-    """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
-    sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
-    sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: lognormal sigma of the request latency (0 = constant)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
 
 
 class BufferConfig(Section):
@@ -415,9 +362,10 @@ BUILTIN_TASKS: dict[str, str] = {
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
-    if cfg.actors.agent == "single_turn":
-        return cfg.task.max_new_tokens
-    return cfg.actors.max_total_tokens
+    agent = cfg.actors.agent
+    if isinstance(agent, MultiTurnAgentConfig):
+        return agent.max_total_tokens
+    return cfg.task.max_new_tokens
 
 
 def check_ranges(cfg: TetherConfig) -> list[str]:
@@ -430,42 +378,45 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
             errors.append(f"{key} must be {rule}, got {value!r}")
 
     L, A, T = cfg.learner, cfg.actors, cfg.transport
+    agent, task = A.agent, cfg.task
     need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
     need(L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
-    need(L.backend != "megatron" or (L.kl_coef == 0 and L.entropy_coef == 0
-                                     and L.advantage not in ("gae", "vtrace")),
-         "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
-         "(not built for megatron yet)", L.backend)
-    need(L.max_tokens_per_microbatch == 0 or L.backend != "megatron", "learner.backend",
-         "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
-         "batches into its own pipeline micro-batches)", L.backend)
-    need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
-         "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
-    world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
-    need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
-         "learner.megatron_tp * learner.megatron_pp",
-         f"a divisor of the torchrun world size {world}", L.megatron_tp * L.megatron_pp)
-    need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
-         f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
-    need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
-         "module:function when actors.agent is openai", A.openai_agent)
-    need(A.agent != "environment" or ":" in (A.environment or cfg.task.environment),
-         "actors.environment", "module:attribute (or task.environment set) when actors.agent is "
-         "environment", A.environment)
-    need(cfg.task.name != "environment" or ":" in cfg.task.environment, "task.environment",
-         "module:attribute when task.name is environment", cfg.task.environment)
-    need(cfg.task.name != "environment" or A.agent == "environment", "actors.agent",
-         "environment when task.name is environment (its rubric scores the rollouts)", A.agent)
-    need((A.agent == "verifiers") == (cfg.task.name == "verifiers"), "actors.agent",
+    if isinstance(L.backend, MegatronBackendConfig):
+        need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
+             "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
+             "(not built for megatron yet)", L.backend.kind)
+        need(L.max_tokens_per_microbatch == 0, "learner.backend",
+             "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
+             "batches into its own pipeline micro-batches)", L.backend.kind)
+        need(L.lora.rank == 0, "learner.backend",
+             "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)",
+             L.backend.kind)
+        world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
+        need(not world or world % (L.backend.tp * L.backend.pp) == 0,
+             "learner.backend.tp * learner.backend.pp",
+             f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
+    if isinstance(agent, MultiTurnAgentConfig):
+        need(agent.max_total_tokens >= task.max_new_tokens, "actors.agent.max_total_tokens",
+             f">= task.max_new_tokens={task.max_new_tokens}", agent.max_total_tokens)
+    if isinstance(agent, EnvironmentAgentConfig):
+        need(":" in (agent.environment or task.environment), "actors.agent.environment",
+             "module:attribute (or task.environment set) when actors.agent is environment",
+             agent.environment)
+    need(task.name != "environment" or ":" in task.environment, "task.environment",
+         "module:attribute when task.name is environment", task.environment)
+    need(task.name != "environment" or isinstance(agent, EnvironmentAgentConfig), "actors.agent",
+         "environment when task.name is environment (its rubric scores the rollouts)", agent.kind)
+    need(isinstance(agent, VerifiersAgentConfig) == (task.name == "verifiers"), "actors.agent",
          "verifiers exactly when task.name is verifiers (its taskset's tasks are what the agent "
-         "plays)", A.agent)
-    need(cfg.task.name != "verifiers" or bool(cfg.task.verifiers_env), "task.verifiers_env",
+         "plays)", agent.kind)
+    need(task.name != "verifiers" or bool(task.verifiers_env), "task.verifiers_env",
          "module:attribute or a verifiers environment id when task.name is verifiers",
-         cfg.task.verifiers_env)
-    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
-         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
-         "task.name is environment", A.environment)
+         task.verifiers_env)
+    if task.name == "environment" and isinstance(agent, EnvironmentAgentConfig):
+        need(agent.environment in ("", task.environment), "actors.agent.environment",
+             f"empty or task.environment={task.environment!r} when task.name is environment",
+             agent.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",

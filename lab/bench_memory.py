@@ -198,8 +198,7 @@ backend_kind, model_dir = sys.argv[1], sys.argv[2]
 ranks = distributed.start(backend_kind)
 cfg = fsdp_worker.load_config(fsdp_worker.PRESET, [f"model.path={{model_dir}}",
       "learner.prompts_per_step=2", "learner.group_size=2", "task.max_new_tokens=16",
-      "learner.correction=decoupled", *sys.argv[3:]])
-cfg.learner.backend = backend_kind
+      "learner.correction=decoupled", f"learner.backend={{backend_kind}}", *sys.argv[3:]])
 L = cfg.learner
 extra = {{"activation_checkpointing": True}} if "learner.activation_checkpointing=true" in sys.argv else {{}}
 backend = distributed.make_backend(backend_kind, model_dir, L.lr, 0.0, 0, ranks, **extra)

@@ -9,7 +9,8 @@ trained token; a reference KL in the reward (`kl_in: reward`) is a per-token pen
 
   reinforce_pp  REINFORCE++ (Hu 2025): discounted return per token, normalised over the
                 minibatch's trained tokens (mean and std through `reduce`, so a data-parallel
-                shard normalises with the whole minibatch's statistics).
+                shard normalises with the whole minibatch's statistics); the std is the
+                population one (OpenRLHF) or Bessel-corrected (verl), `reinforce_pp_std`.
   gae           GAE (Schulman et al. 2016) from the critic's values at step start.
   vtrace        V-trace (Espeholt et al. 2018) targets and advantages from rho = pi_prox / mu;
                 with rho = 1 (on-policy, rho-bar and c-bar >= 1) it is gae with lambda = 1.
@@ -94,15 +95,20 @@ def discounted_returns(r: torch.Tensor, mask: torch.Tensor, gamma: float) -> tor
 
 
 def reinforce_pp(r: torch.Tensor, mask: torch.Tensor, gamma: float, tokens: float,
-                 reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
-                 ) -> torch.Tensor:
+                 reduce: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+                 std: str = "population") -> torch.Tensor:
     """REINFORCE++ advantages: returns normalised by their mean and std over the trained
-    tokens of the whole minibatch (`tokens` of them; `reduce` sums shares over ranks)."""
+    tokens of the whole minibatch (`tokens` of them; `reduce` sums shares over ranks).
+    std: population (divides the squared deviations by n, as OpenRLHF does) | bessel (by
+    n - 1, verl's `masked_whiten`): the bessel advantages are the population ones times
+    sqrt((n - 1) / n)."""
     g = discounted_returns(r, mask, gamma)
     s = reduce({"sum": (g * mask).sum() / tokens, "sq": (g.square() * mask).sum() / tokens})
     mean, sq = s["sum"].to(g.device), s["sq"].to(g.device)
-    std = (sq - mean.square()).clamp(min=0).sqrt()
-    return (g - mean) / (std + 1e-8) * mask
+    var = (sq - mean.square()).clamp(min=0)
+    if std == "bessel":
+        var = var * (tokens / max(tokens - 1.0, 1.0))
+    return (g - mean) / (var.sqrt() + 1e-8) * mask
 
 
 def gae(r: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,

@@ -9,11 +9,13 @@ step, recomputed), mu (behavior: the logprob the actor's engine sampled with).
              ratio pi_theta/pi_prox (no PPO clip; truncation is the only guard).
   decoupled  AReaL's decoupled PPO: clip on pi_theta/pi_prox, weight min(pi_prox/mu, C).
   mask       clip on pi_theta/pi_prox; tokens (or sequences) whose pi_prox/mu leaves
-             [mask_low, mask_high] get weight 0.
+             [mask_low, mask_high] get weight 0 and still count in the loss's denominators
+             (`mask_denominator=trained`), or leave them (`accepted`: verl's rejection sampling).
 Weights can be token- or sequence-level and are multiplied by staleness_decay**staleness.
 
 The surrogate: `ratio_level=sequence` clips GSPO's length-normalised sequence ratio instead of
-the token ratio; `policy_loss=cispo` replaces the clipped surrogate by CISPO's REINFORCE term
+the token ratio (its GSPO-token form whenever advantages or weights can vary within a sample:
+`gspo_ratio`); `policy_loss=cispo` replaces the clipped surrogate by CISPO's REINFORCE term
 with a clipped stop-gradient ratio weight. Optional terms: the KL to a frozen reference policy
 (`kl_estimator`, weight `kl_coef`) and an entropy bonus (`entropy_coef`). The critic's clipped
 value loss is `value_loss`. Advantage estimators live in learner/advantages.py.
@@ -53,6 +55,9 @@ class LossNorm:
     """Masked (trained-on) tokens in the whole minibatch (token_mean, statistics)."""
     rows: int
     """Sequences in the whole minibatch (seq_mean_token_mean, constant)."""
+    accepted: float | None = None
+    """Tokens the mask correction accepted in the whole minibatch (`mask_denominator=accepted`,
+    the policy loss's token_mean); None: counted from the rows at hand."""
 
     @classmethod
     def of(cls, mask: torch.Tensor) -> LossNorm:
@@ -115,25 +120,27 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
     (batch, tokens). Returns the scalar loss and detached statistics (means over masked
     tokens). With `norm` (a data-parallel shard) both are this shard's share of the
     minibatch's values: sum them over ranks (`is_weight_max`: take the max); without it the
-    rows are the whole minibatch."""
+    rows are the whole minibatch. With `mask_denominator=accepted` the loss's terms count only
+    the accepted tokens (a shard's `norm.accepted` must be set); the statistics still average
+    over every trained token."""
+    shard = norm is not None
     norm = LossNorm.of(mask) if norm is None else norm
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     with torch.no_grad():
-        log_w = (prox - behavior) * mask
-        if cfg.is_level == "sequence":
-            log_w = log_w.sum(dim=1, keepdim=True).expand_as(mask)
-        raw_w = torch.exp(log_w)
+        raw_w = torch.exp(_log_is_weights(prox, behavior, mask, cfg))
         if cfg.correction in ("tis", "decoupled"):
             weight = raw_w.clamp(max=cfg.is_cap)
         elif cfg.correction == "mask":
-            weight = ((raw_w >= cfg.mask_low) & (raw_w <= cfg.mask_high)).float()
+            weight = _in_range(raw_w, cfg)
         else:
             weight = torch.ones_like(raw_w)
         if cfg.staleness_decay != 1.0:
             weight = weight * cfg.staleness_decay ** staleness.float()
     anchor = behavior if cfg.correction == "none" else prox
     if cfg.ratio_level == "sequence":
-        ratio = torch.exp(_sequence_mean((logp - anchor) * mask, mask)).expand_as(mask)
+        per_sample = (advantages.dim() == 1 and cfg.staleness_decay == 1.0
+                      and (cfg.correction == "none" or cfg.is_level == "sequence"))
+        ratio = gspo_ratio(logp, anchor, mask, token_grad=not per_sample)
     else:
         ratio = torch.exp(logp - anchor)
     if cfg.policy_loss == "cispo":
@@ -151,16 +158,25 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
         if cfg.dual_clip:
             pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip), pg)
     token_loss = pg * weight
-    loss = aggregate(token_loss, mask, cfg.loss_agg, max_new_tokens, norm)
+    loss_mask, loss_norm = mask, norm
+    if cfg.correction == "mask" and cfg.mask_denominator == "accepted":
+        if shard and norm.accepted is None:
+            raise ValueError("learner.mask_denominator=accepted on a data-parallel shard needs "
+                             "the minibatch's accepted token count (LossNorm.accepted)")
+        loss_mask = mask * _in_range(raw_w, cfg)
+        kept = float(loss_mask.sum()) if norm.accepted is None else norm.accepted
+        loss_norm = LossNorm(tokens=kept, rows=norm.rows)
+    loss = aggregate(token_loss, loss_mask, cfg.loss_agg, max_new_tokens, loss_norm)
     extra: dict[str, torch.Tensor] = {}
     if ref is not None:
         kl = kl_estimate(logp, ref, cfg.kl_estimator)
-        loss = loss + cfg.kl_coef * aggregate(kl, mask, cfg.loss_agg, max_new_tokens, norm)
+        loss = loss + cfg.kl_coef * aggregate(kl, loss_mask, cfg.loss_agg, max_new_tokens,
+                                              loss_norm)
         extra["kl_ref"] = (kl.detach() * mask).sum() / max(norm.tokens, 1.0)
     if entropy is not None:
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * aggregate(entropy, mask, cfg.loss_agg,
-                                                       max_new_tokens, norm)
+            loss = loss - cfg.entropy_coef * aggregate(entropy, loss_mask, cfg.loss_agg,
+                                                       max_new_tokens, loss_norm)
         extra["entropy"] = (entropy.detach() * mask).sum() / max(norm.tokens, 1.0)
     with torch.no_grad():
         n = max(norm.tokens, 1.0)
@@ -180,6 +196,40 @@ def policy_loss(logp: torch.Tensor, behavior: torch.Tensor, prox: torch.Tensor,
             **extra,
         }
     return loss, stats
+
+
+def gspo_ratio(logp: torch.Tensor, anchor: torch.Tensor, mask: torch.Tensor,
+               token_grad: bool) -> torch.Tensor:
+    """GSPO's length-normalised sequence ratio s_i on every token of row i (Zheng et al. 2025,
+    eq. 7). token_grad: GSPO-token's s_it = sg[s_i] pi_theta(y_t) / sg[pi_theta(y_t)] (eq. 14),
+    the same value, but token t's gradient is s_i grad log pi_theta(y_t), so its own advantage
+    and weight reach it; otherwise s_i's own gradient, which gives every token 1/|y_i| of the
+    row's sum. The two gradients are equal when advantage and weight are constant in the row."""
+    log_s = _sequence_mean((logp - anchor) * mask, mask)
+    if token_grad:
+        return torch.exp(log_s.detach() + (logp - logp.detach()))
+    return torch.exp(log_s).expand_as(mask)
+
+
+def accepted_tokens(prox: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor,
+                    cfg: LearnerConfig) -> torch.Tensor:
+    """The mask correction's accepted trained tokens of these rows (a scalar): those whose
+    pi_prox/mu (token, or the sample's with is_level=sequence) lies in [mask_low, mask_high]."""
+    return (_in_range(torch.exp(_log_is_weights(prox, behavior, mask, cfg)), cfg) * mask).sum()
+
+
+def _log_is_weights(prox: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor,
+                    cfg: LearnerConfig) -> torch.Tensor:
+    """log pi_prox/mu per token, or the sample's sum on each of its tokens (is_level=sequence)."""
+    log_w = (prox - behavior) * mask
+    if cfg.is_level == "sequence":
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(mask)
+    return log_w
+
+
+def _in_range(w: torch.Tensor, cfg: LearnerConfig) -> torch.Tensor:
+    """1.0 where the weight lies in [mask_low, mask_high], else 0.0."""
+    return ((w >= cfg.mask_low) & (w <= cfg.mask_high)).float()
 
 
 def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

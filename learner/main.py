@@ -63,7 +63,7 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
+    ranks = distributed.start(cfg.learner.backend.kind, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
@@ -75,9 +75,10 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
-                                       devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
-                                       pp=L.megatron_pp, lora=L.lora,
+    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
+    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
+                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
+                                       pp=tp_pp[1], lora=L.lora,
                                        activation_checkpointing=L.activation_checkpointing)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),

@@ -24,7 +24,7 @@ step equals the single-process step on the whole batch (tests/test_fsdp.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -35,7 +35,8 @@ from learner import advantages as A, microbatch
 from learner.backend import Backend
 from learner.batch import TokenBatch, collate, padded_length
 from learner.critic import AlgoModels
-from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.loss import (LossNorm, accepted_tokens, group_advantages, kl_estimate, policy_loss,
+                          value_loss)
 from learner.timeline import Timeline
 
 
@@ -53,6 +54,9 @@ class Prepared:
     """Critic values at step start (gae, vtrace)."""
     returns: torch.Tensor | None = None
     """Value targets (gae: A + V; vtrace: v_s)."""
+    accepted: float | None = None
+    """Trained tokens the mask correction accepts in the whole minibatch (a data-parallel
+    shard with mask_denominator=accepted; fixed over the epochs, since pi_prox is)."""
 
 
 class Trainer:
@@ -148,6 +152,10 @@ class Trainer:
         if ref is not None and L.kl_in == "reward":
             kl_pen = L.kl_coef * kl_estimate(prox, ref, L.kl_estimator) * mb.mask
         prep = Prepared(prox=prox, advantages=torch.zeros(()), ref=ref)
+        split = norm is not None or L.max_tokens_per_microbatch  # rows see part of the minibatch
+        if split and L.correction == "mask" and L.mask_denominator == "accepted":
+            kept = accepted_tokens(prox, mb.behavior, mb.mask, L)
+            prep.accepted = float(self.backend.reduce_stats({"accepted": kept})["accepted"])
         if L.advantage in ("grpo", "drgrpo", "rloo"):
             rewards = mb.rewards
             if kl_pen is not None:
@@ -158,7 +166,7 @@ class Trainer:
         if L.advantage == "reinforce_pp":
             tokens = max((norm or LossNorm.of(mb.mask)).tokens, 1.0)
             prep.advantages = A.reinforce_pp(r, mb.mask, L.gamma, tokens,
-                                             self.backend.reduce_stats)
+                                             self.backend.reduce_stats, L.reinforce_pp_std)
             return prep
         values = self._per_token(mb, self.models.values) * mb.mask
         prep.old_values = values
@@ -241,8 +249,9 @@ class Trainer:
         staleness = (version - mb.versions) * mb.mask.long()
         budget = max_completion_tokens(self.cfg)
         in_loss = prep.ref if L.kl_in == "loss" else None
+        pnorm = norm if prep.accepted is None else replace(norm, accepted=prep.accepted)
         loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
-                                  staleness, L, budget, norm, ref=in_loss, entropy=entropy)
+                                  staleness, L, budget, pnorm, ref=in_loss, entropy=entropy)
         if prep.ref is not None and in_loss is None:  # in the reward: logged here
             kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
             stats["kl_ref"] = ((kl * mb.mask).sum()
@@ -275,7 +284,7 @@ def _take(prep: Prepared, part: microbatch.MicroBatch) -> Prepared:
     """A micro-batch's rows (and columns) of the step-start quantities."""
     return Prepared(prox=part.take(prep.prox), advantages=part.take(prep.advantages),
                     ref=part.take(prep.ref), old_values=part.take(prep.old_values),
-                    returns=part.take(prep.returns))
+                    returns=part.take(prep.returns), accepted=prep.accepted)
 
 
 def _staleness_metrics(groups: list[TrajGroup], version: int) -> dict[str, float]:

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from buffer.record import TrajGroup
 from configs.loader import load_config
+from configs.schema import FSDP2BackendConfig
 from learner import distributed
 from learner.trainer import Trainer
 
@@ -93,7 +94,7 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 
 
 def make(cfg, ranks):
-    cfg.learner.backend = "fsdp2"  # the critic and reference too (make_models)
+    cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
     backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
                                        L.seed, ranks, lora=L.lora,
