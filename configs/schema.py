@@ -31,6 +31,7 @@ from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackend
 from configs.base import Count, Kind, NonNegative, Port, Positive, Section
 from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
                              SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
+from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
 __all__ = [  # the per-kind sections, importable from here too
     "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
@@ -52,22 +53,23 @@ class ModelConfig(Section):
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
+    """Compute dtype of the learner's forward passes and the rollout engines (master weights stay
+    fp32)."""
     ref_path: str = ""
-    """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
+    """HF directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
-    """HF model directory the critic's backbone starts from (default: `path`, the policy's start)."""
+    """HF directory the critic's backbone starts from (default: `path`)."""
 
 
 class TaskConfig(Section):
     name: str = "reverse"
-    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions |
-    environment | verifiers) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    """A built-in task (reverse, calculator, gsm8k, data, additions, environment, verifiers) or
+    `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
-    """Length of the digit string the toy reversal task asks to reverse."""
+    """Digits the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
-    data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
+    """gsm8k: JSONL of {"question", "answer": "... #### N"} (every 10th held out); data: a JSONL /
+    JSON / Parquet file or a `datasets` save_to_disk directory."""
     eval_prompts: Count = 128
     """Held-out prompts scored (one sample each) at the start and end of a run."""
     max_new_tokens: Count = 5
@@ -83,11 +85,13 @@ class TaskConfig(Section):
     system_prompt: str = ""
     """data: system message put before the prompt ("" = none: the chat template's default)."""
     template_kwargs: dict = msgspec.field(default_factory=dict)
-    """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    """data: extra apply_chat_template keyword arguments (e.g. enable_thinking)."""
     environment: str = ""
     """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
     verifiers_env: str = ""
-    """verifiers: the verifiers environment whose taskset is the prompts and whose rubric the actors' `verifiers` agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or a verifiers environment id (docs/agents.md)."""
+    """verifiers: the environment whose taskset gives the prompts and whose rubric the `verifiers`
+    agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or an
+    environment id (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -95,14 +99,17 @@ class TaskConfig(Section):
     shuffle: bool = True
     """data: visit the training rows in a seeded random order, a new one every epoch."""
     reward: str = ""
-    """Reward import path `package.module:function` or `path/to/file.py:function` ("" = the
-    task's own reward); run in a process pool, see docs/models_data_rewards.md."""
+    """Reward `package.module:function` or `path/to/file.py:function`, run in a process pool ("" =
+    the task's own; docs/models_data_rewards.md)."""
     reward_kwargs: dict = msgspec.field(default_factory=dict)
-    """Keyword arguments passed to every call of the `reward` function."""
+    """Keyword arguments of every `reward` call."""
     reward_timeout_s: Positive = 10.0
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    scorers: list[Scorer] = msgspec.field(default_factory=list)
+    """The reward as a weighted sum of scorers, each a `kind` section (below;
+    docs/models_data_rewards.md); empty = `reward` (or the task's own) alone."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""
@@ -127,11 +134,10 @@ class LoraConfig(Section):
     alpha: Positive = 16.0
     """LoRA alpha: the adapter's update B @ A is scaled by alpha / rank."""
     dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """Dropout on the adapter's input while training (0 = none; then rollouts and training see
-    the same function)."""
+    """Dropout on the adapter's input while training (0 = none: rollouts and training see the same
+    function)."""
     targets: TargetList = ",".join(LORA_TARGETS)
-    """Comma-separated linear layers of every decoder layer that get an adapter, and `lm_head`
-    for the output head."""
+    """Linear layers of every decoder layer that get an adapter; `lm_head`: the output head too."""
 
     def target_list(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",")]
@@ -141,14 +147,13 @@ class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
     max_train_minutes: Annotated[float, Meta(ge=0)] = 0.0
-    """Also end the run once training has lasted this long, counted from the first wait for a
-    batch (start-up and the first evaluation excluded; the final evaluation and export follow).
-    0 = no limit. summary.json's end_reason is then "time_limit"; comparisons at equal wall time."""
+    """Also end the run after this long of training, counted from the first wait for a batch
+    (start-up and first evaluation excluded; the final evaluation and export follow any end); 0 =
+    no limit. end_reason: "time_limit"."""
     stop_at_reward: float | None = None
-    """Also end the run once the sampled reward, averaged over the training batches of the last
-    `stop_reward_window` steps, reaches this (null = never). summary.json's end_reason is then
-    "reward_reached"; the final evaluation and export follow as for any end. The window counts
-    the steps of this process only (a resumed run fills it again)."""
+    """Also end the run once the sampled reward averaged over the last `stop_reward_window` steps
+    (of this process: a resumed run refills them) reaches this (null = never). end_reason:
+    "reward_reached"."""
     stop_reward_window: Count = 20
     """Steps averaged for `stop_at_reward`."""
     prompts_per_step: Count = 16
@@ -164,15 +169,15 @@ class LearnerConfig(Section):
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     """PPO clip: the ratio is clipped below at 1 - clip_low."""
     clip_high: Annotated[float, Meta(ge=0)] = 0.2
-    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher if > clip_low)."""
+    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher if > clip_low)."""
     dual_clip: Annotated[float, Meta(ge=0)] = 0.0
     """Dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)."""
     correction: Literal["none", "tis", "decoupled", "mask"] = "none"
-    """Off-policy correction: none | tis | decoupled | mask (see docs/staleness.md)."""
+    """Off-policy correction (docs/staleness.md)."""
     is_cap: Positive = 2.0
-    """C: importance weights min(pi_prox / mu, C) are truncated at this value (tis, decoupled)."""
+    """C: importance weights are min(pi_prox / mu, C) (tis, decoupled)."""
     is_level: Literal["token", "sequence"] = "token"
-    """Importance weight granularity: token | sequence."""
+    """Importance weights per token or per sequence."""
     mask_low: Annotated[float, Meta(gt=0, lt=1)] = 0.5
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
@@ -182,10 +187,10 @@ class LearnerConfig(Section):
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
-    """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
+    """Loss aggregation (constant: Dr.GRPO, divided by max_new_tokens)."""
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
-    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo |
-    reinforce_pp (batch-normalised returns) | gae, vtrace (with a critic; docs/algorithms.md)."""
+    """grpo: group mean/std; drgrpo: group mean only; reinforce_pp: batch-normalised returns; gae,
+    vtrace: with a critic (docs/algorithms.md)."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -193,8 +198,8 @@ class LearnerConfig(Section):
     checkpoint_every: NonNegative = 100
     """Save a checkpoint every N steps (0 = only at the end)."""
     checkpoint_keep: NonNegative = 2
-    """Keep the newest N checkpoints and delete older ones once a new one is complete (0 = keep
-    all). A SmolLM2-135M checkpoint with AdamW state is 1.6 GB."""
+    """Keep the newest N checkpoints, deleting older ones once a new one is complete (0 = all).
+    SmolLM2-135M with AdamW state: 1.6 GB each."""
     resume: bool = False
     """Continue from the newest checkpoint in run_dir/checkpoints."""
     log_every: Count = 10
@@ -205,22 +210,21 @@ class LearnerConfig(Section):
     trace_from_step: NonNegative = 5
     """The traced steps start after this version (past start-up)."""
     tensorboard: bool = True
-    """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
+    """Also write every step's metrics to run_dir/tensorboard (if tensorboard is installed)."""
     tracker: Literal["none", "wandb", "mlflow"] = "none"
-    """Experiment tracker that also gets every step's metrics and the summary: none | wandb | mlflow
-    (the package must be installed: `pip install -e .[tracking]`; the learner refuses to start otherwise)."""
+    """Also send every step's metrics and the summary to W&B or MLflow (`pip install -e
+    .[tracking]`, else the learner refuses to start)."""
     tracker_project: str = "tether"
     """W&B project / MLflow experiment name the run is logged under."""
     tracker_online: bool = False
-    """False: offline (W&B mode=offline in run_dir/wandb, MLflow SQLite store run_dir/mlflow.db);
-    True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
+    """false: offline (W&B in run_dir/wandb, MLflow in run_dir/mlflow.db); true: W&B syncs to its
+    server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
-    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
-    (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
+    """Training backend (each kind's section below; docs/backends.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
+    """Training device: auto = CUDA when present, else cpu; cuda = cuda:LOCAL_RANK."""
     cpu_placement: Literal["shared", "split"] = "shared"
     """CPU learner with local actor processes: shared (every process on every core, one torch
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
@@ -228,9 +232,9 @@ class LearnerConfig(Section):
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
-    """KL estimator per token: k1 | k2 | k3 (Schulman 2020) | low_var_kl (k3 clamped as verl does)."""
+    """Per-token KL estimator (Schulman 2020; low_var_kl: k3 clamped as verl does)."""
     kl_in: Literal["loss", "reward"] = "loss"
-    """Where the reference KL goes: loss (a term of the loss) | reward (subtracted from the rewards)."""
+    """Reference KL as a term of the loss, or subtracted from the rewards."""
     entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
@@ -248,13 +252,14 @@ class LearnerConfig(Section):
     vtrace_c: Positive = 1.0
     """V-trace c-bar: truncation of pi_prox / mu in the trace coefficients."""
     ratio_level: Literal["token", "sequence"] = "token"
-    """PPO ratio: token | sequence (GSPO: the length-normalised sequence ratio is clipped)."""
+    """PPO ratio per token, or per sequence (GSPO: the length-normalised sequence ratio is
+    clipped)."""
     policy_loss: Literal["ppo", "cispo"] = "ppo"
-    """ppo (clipped surrogate) | cispo (REINFORCE with a clipped, stop-gradient ratio weight;
-    bounds 1 - clip_low, 1 + clip_high)."""
+    """ppo: clipped surrogate; cispo: REINFORCE with a clipped, stop-gradient ratio weight (bounds
+    1 - clip_low, 1 + clip_high)."""
     drop_uniform_groups: bool = False
-    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform})
-    and more prompts are leased to fill the batch."""
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform}) and
+    more prompts leased to fill the batch."""
     mask_truncated: bool = False
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
@@ -270,12 +275,12 @@ class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
     engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
-    """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
+    """Rollout engine (each kind's section below; docs/engines.md)."""
     groups_per_request: Count = 8
-    """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
-    the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
+    """Leases an actor asks for at once, generated as one batch: larger keeps the engine's batch
+    fuller (fewer round trips and tail waits) but returns samples later."""
     agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
+    """Agent run per sample (each kind's section below; docs/agents.md)."""
 
 
 class BufferConfig(Section):
@@ -289,9 +294,9 @@ class BufferConfig(Section):
 
 class TransportConfig(Section):
     kind: Literal["zmq", "inproc"] = "zmq"
-    """zmq (TCP; learner and actors in separate processes, on any nodes) | inproc (one process:
-    the learner runs actors.num_local actors as threads over ZeroMQ's in-process transport;
-    for debugging and protocol tests)."""
+    """zmq: TCP, learner and actors as processes on any nodes; inproc: the learner runs its
+    actors.num_local actors as threads over ZeroMQ's in-process transport (debugging, protocol
+    tests)."""
     host: str = "127.0.0.1"
     """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
     advertise_host: str = ""
@@ -345,6 +350,8 @@ class TetherConfig(Section):
     """The replay buffer between trajectory receiver and trainer."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """ZeroMQ sockets, heartbeats and limits."""
+    scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
+    """The scorer fleet that runs the model scorers of task.scorers."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -353,8 +360,8 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
-    "environment": "actors.environment:make_task",
-    "verifiers": "actors.verifiers_agent:make_task",
+    "environment": "actors.agents.environment:make_task",
+    "verifiers": "actors.agents.verifiers:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
@@ -451,4 +458,26 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
+    errors += _scorer_rules(cfg)
+    return errors
+
+
+def model_scorers(cfg: TetherConfig) -> list:
+    """The scorers of task.scorers that run in the scorer fleet (classifier, judge, remote)."""
+    return [s for s in cfg.task.scorers if isinstance(s, MODEL_KINDS)]
+
+
+def _scorer_rules(cfg: TetherConfig) -> list[str]:
+    task, errors = cfg.task, []
+    names = [s.name for s in task.scorers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errors.append(f"task.scorers names must be unique, got {dup[0]!r} twice")
+    if task.scorers and task.reward:
+        errors.append(f"task.reward must be empty when task.scorers is set (add it as "
+                      f"{{kind: function, fn: {task.reward}}}), got {task.reward!r}")
+    for i, s in enumerate(task.scorers):
+        if getattr(s, "fn", "") and ":" not in s.fn:
+            errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
+                          f"got {s.fn!r}")
     return errors

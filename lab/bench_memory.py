@@ -126,7 +126,7 @@ def learner_run(out: Path, name: str, backend: str, prompts: int, group: int, ma
     run = out / name
     overrides = [f"run_dir={run}", f"model.path={SMOLLM2}", "actors.engine=simulated",
                  "actors.num_local=1", f"task.max_new_tokens={max_new}",
-                 f"actors.max_total_tokens={max_new}", f"learner.prompts_per_step={prompts}",
+                 f"learner.prompts_per_step={prompts}",
                  f"learner.group_size={group}", "learner.max_steps=2", "task.eval_prompts=1",
                  "learner.checkpoint_every=0", "learner.tensorboard=false",
                  f"learner.backend={backend}", "learner.device=cpu", *extra]
@@ -188,20 +188,26 @@ def write_qwen2(path: Path, shape: tuple[int, ...]) -> int:
 
 
 TRAIN = '''
-import sys, json, torch
+import importlib.util, sys, json, torch
 sys.path.insert(0, "{tests}")
 import fsdp_worker
 from learner import distributed
-from learner.trainer import Trainer
 torch.set_num_threads(1)
 backend_kind, model_dir = sys.argv[1], sys.argv[2]
-ranks = distributed.start(backend_kind)
 cfg = fsdp_worker.load_config(fsdp_worker.PRESET, [f"model.path={{model_dir}}",
       "learner.prompts_per_step=2", "learner.group_size=2", "task.max_new_tokens=16",
       "learner.correction=decoupled", f"learner.backend={{backend_kind}}", *sys.argv[3:]])
 L = cfg.learner
-extra = {{"activation_checkpointing": True}} if "learner.activation_checkpointing=true" in sys.argv else {{}}
-backend = distributed.make_backend(backend_kind, model_dir, L.lr, 0.0, 0, ranks, **extra)
+if importlib.util.find_spec("learner.backends.registry"):  # the layout after issue #39
+    from learner.algo.trainer import Trainer
+    from learner.backends.registry import make_backend
+    ranks = distributed.start(L.backend)
+    backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device,
+                           activation_checkpointing=L.activation_checkpointing)
+else:  # main before issue #41 (--before-root)
+    from learner.trainer import Trainer
+    ranks = distributed.start(backend_kind)
+    backend = distributed.make_backend(backend_kind, model_dir, L.lr, 0.0, 0, ranks)
 trainer = Trainer(cfg, backend, pad_id=0)
 for step in range(2):
     m = trainer.step(fsdp_worker.synthetic_groups(cfg, step), step)

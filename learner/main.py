@@ -36,15 +36,18 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.schema import TetherConfig
-from learner import distributed, tracking
+from learner import distributed
+from learner.backends.registry import make_backend
+from learner.obs import tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors
-from learner.metrics import MetricsLog
+from learner.local_scorers import LocalScorers
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
@@ -63,7 +66,7 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend.kind, cfg.learner.device)
+    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
@@ -75,11 +78,9 @@ def run(cfg: TetherConfig) -> dict | None:
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
-    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
-    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
-                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
-                                       pp=tp_pp[1], lora=L.lora,
-                                       activation_checkpointing=L.activation_checkpointing)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora,
+                           activation_checkpointing=L.activation_checkpointing)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
@@ -125,6 +126,7 @@ class LeadState:
     leases: LeaseTable
     server: LearnerServer
     actors: LocalActors
+    scorers: LocalScorers
     metrics: MetricsLog
     eval_engine: object
     eval_start: float
@@ -138,7 +140,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
           actor_cpus: list[list[int]] | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -171,10 +173,11 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server.start()
     log.info("learner listening: %s", server.endpoints)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
+                     server=server, actors=actors, scorers=scorers, metrics=metrics, eval_engine=eval_engine,
                      eval_start=eval_start, version=version, packed=packed)
 
 
@@ -235,6 +238,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
         st.buffer.close()
         st.metrics.close()
         st.actors.reap()
+        st.scorers.reap()
     return reason
 
 
@@ -420,16 +424,21 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
-    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    scoring = snap["scoring"]
+    accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+                 + scoring.get("groups", 0))
     return {
         "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
-                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"],
+                   "scoring": scoring.get("groups", 0)},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
-        "accounting_ok": accounted == lc["granted"],
+        "scoring": scoring,
+        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
+            scoring["scored"] + scoring["failed"] + scoring["live"])),
         "metrics_summary": st.metrics.summary(),
     }

@@ -3,7 +3,7 @@
     python scripts/device_check.py --model DIR --out report.json [--junit gpu_tests.xml]
     python scripts/device_check.py --dry-run --out report.json      # CPU: HF engine, tiny model
 
-On CUDA: vLLM (actors/vllm_engine.py) and the learner (learner/backend.py) share one GPU:
+On CUDA: vLLM (actors/engines/vllm/engine.py) and the learner (learner/backends/base.py) share one GPU:
 vLLM starts first with `--kv-cache-gb` of KV cache (vLLM wants 90 % of the memory free when
 it starts), the learner takes what it needs after it. Measured:
 
@@ -186,12 +186,12 @@ def prompts(vocab: int, n: int, length: int) -> list:
 
 
 class HFRollout:
-    """The HF engine (actors/hf_engine.py) behind the same three calls as VLLMRollout."""
+    """The HF engine (actors/engines/hf.py) behind the same three calls as VLLMRollout."""
 
     name = "hf"
 
     def __init__(self, model_dir: Path, device, dtype) -> None:
-        from actors.hf_engine import HFEngine
+        from actors.engines.hf import HFEngine
 
         self.engine = HFEngine(model_dir, device, dtype)
 
@@ -199,7 +199,7 @@ class HFRollout:
         self.engine.load_packed(manifest, buckets)
 
     def generate(self, ps: list, max_new: int) -> list:
-        from actors.engine import GenerateRequest
+        from actors.engines.base import GenerateRequest
 
         return self.engine.generate([GenerateRequest(p, max_new, 1.0, seed=i)
                                      for i, p in enumerate(ps)])
@@ -209,12 +209,12 @@ class HFRollout:
 
 
 class VLLMRollout:
-    """actors/vllm_engine.py's VLLMEngine, driven from its own event loop."""
+    """actors/engines/vllm/engine.py's VLLMEngine, driven from its own event loop."""
 
     name = "vllm"
 
     def __init__(self, model_dir: Path, dtype: str, kv_cache_gb: float, max_num_seqs: int) -> None:
-        from actors.vllm_engine import VLLMEngine
+        from actors.engines.vllm.engine import VLLMEngine
 
         self.loop = asyncio.new_event_loop()
         self.engine = self.loop.run_until_complete(asyncio.to_thread(
@@ -266,7 +266,7 @@ def logprob_gap(backend, ps: list, outs: list, engine: str, dtype: str) -> dict:
 def measure(ns: argparse.Namespace, model_dir: Path) -> dict:
     import torch
 
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models import devices
 
     dtype = devices.torch_dtype(ns.dtype)

@@ -32,7 +32,8 @@ from buffer.record import TrajGroup
 from configs.loader import load_config
 from configs.schema import FSDP2BackendConfig
 from learner import distributed
-from learner.trainer import Trainer
+from learner.backends.registry import make_backend
+from learner.algo.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "toy_reverse.yaml"
@@ -96,9 +97,9 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 def make(cfg, ranks):
     cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
-    backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks, lora=L.lora,
-                                       activation_checkpointing=L.activation_checkpointing)
+    backend = make_backend(L.backend, Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
+                           ranks.device, lora=L.lora,
+                           activation_checkpointing=L.activation_checkpointing)
     return backend, Trainer(cfg, backend, pad_id=0,
                             models=distributed.make_models(cfg, ranks, backend))
 
@@ -115,14 +116,14 @@ def check_load(out: Path, model_dir: Path, ranks) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from learner.critic import ValueModel
-    from learner.sharded_load import _local_part
+    from learner.algo.critic import ValueModel
+    from learner.backends.sharded_load import _local_part
 
     full = load_file(str(model_dir / "model.safetensors"))
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    policy = distributed.make_backend("fsdp2", model_dir, 1e-3, 0.0, 0, ranks).model
-    critic = distributed.make_backend("fsdp2", model_dir, 1e-3, 0.0, 0, ranks,
-                                      model=ValueModel(model_dir, meta=True)).model
+    policy = make_backend(FSDP2BackendConfig(), model_dir, 1e-3, 0.0, 0, ranks.device).model
+    critic = make_backend(FSDP2BackendConfig(), model_dir, 1e-3, 0.0, 0, ranks.device,
+                          model=ValueModel(model_dir, meta=True)).model
     report = {"policy": {}, "critic": {}}
     for what, model in (("policy", policy), ("critic", critic)):
         for name, p in model.named_parameters():
@@ -208,7 +209,7 @@ def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") ->
 def main() -> None:
     mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
-    ranks = distributed.start("fsdp2")
+    ranks = distributed.start(FSDP2BackendConfig())
     {"train": train, "resume": resume, "lora": lora}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 

@@ -1,4 +1,4 @@
-"""Micro-batches by token budget (learner/microbatch.py): the accumulated gradients of the
+"""Micro-batches by token budget (learner/algo/microbatch.py): the accumulated gradients of the
 policy and the critic, and the step's statistics, equal the one-batch step's for each loss
 aggregation (fp32; micro-batches cut rows to their own padded length, so CPU kernels round
 differently: 1e-5 relative, the norm of the difference over the norm)."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import fsdp_worker
-from learner import microbatch
-from learner.backend import SingleProcessBackend
-from learner.batch import collate
+from learner.algo import microbatch
+from learner.algo.batch import collate
+from learner.algo.trainer import Trainer
+from learner.backends.single import SingleProcessBackend
 from learner.distributed import Ranks, make_models
-from learner.trainer import Trainer
 
 BUDGET = 48
 """Tokens per micro-batch: the synthetic batch's 32 rows of 9 to 24 tokens take 14 of them."""
