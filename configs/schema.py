@@ -327,13 +327,13 @@ class TransportConfig(Section):
     weight_bucket_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     """Weights are sent to actors in buckets of about this many bytes."""
     weights_via: Literal["zmq", "relay", "filesystem", "nccl"] = "zmq"
-    """zmq | relay (per-node relays, ARCHITECTURE.md) | filesystem (weights_dir) | nccl (GPU)."""
+    """zmq | relay | filesystem (weights_dir) | nccl: ARCHITECTURE.md."""
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
     nccl_engines: NonNegative = 0
-    """weights_via=nccl: the vLLM engines (actors) in the learner's broadcast group."""
+    """nccl: the vLLM engines in the broadcast."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 1
-    """Relays fed by each relay (1: a chain, ARCHITECTURE.md)."""
+    """Relays fed by each relay (1: a chain)."""
     weights_dir: str = ""
     """filesystem weights: shared directory for the version files (default: run_dir/weights)."""
     curve_server_secret: str = ""
