@@ -43,6 +43,7 @@ from learner.local_actors import LocalActors
 from learner.local_scorers import LocalScorers
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
+from learner.scoring import balanced
 from learner.server import LearnerServer
 from learner.timeline import Timeline
 from learner.trainer import Trainer
@@ -437,7 +438,6 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, rea
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
         "scoring": scoring,
-        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
-            scoring["scored"] + scoring["failed"] + scoring["live"])),
+        "accounting_ok": accounted == lc["granted"] and (not scoring or balanced(scoring)),
         "metrics_summary": st.metrics.summary(),
     }
