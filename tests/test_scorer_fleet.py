@@ -8,7 +8,7 @@ import signal
 import pytest
 
 import procs
-from scorer_models import build_seven_classifier
+from scorer_models import FakeOpenAIJudge, build_seven_classifier
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +81,31 @@ def test_classifier_reward_learns_with_a_scorer_killed_mid_run(tmp_path, tiny_mo
     rows = procs.metrics(run)
     assert any(r.get("scorer_samples_per_s", 0) > 0 for r in rows)
     assert all(0 <= r.get("scorer_busy_frac", 0) <= 1 for r in rows)
+
+
+def test_remote_judge_scores_a_training_run_with_bounded_concurrency(tmp_path, tiny_model_dir):
+    """A `kind: remote` judge (the named fake OpenAI-compatible server, tests/scorer_models.py,
+    which answers 5 x the number of 7s of the answer, out of 10) is the only reward of a short
+    run, in one process (transport.kind=inproc: learner, actor and scorer threads). Its requests
+    never exceed max_concurrency, every sample is scored once, and each step's reward is the
+    judge's mean score."""
+    run = tmp_path / "run"
+    with FakeOpenAIJudge(delay_s=0.02) as judge:
+        s, _ = procs.run_inproc(
+            run, tiny_model_dir, "actors.num_local=1", "scoring.num_local=1",
+            f"task.scorers=[{{kind: remote, name: gpt, base_url: '{judge.base_url}', "
+            "max_concurrency: 2, weight: 2.0}]", "scoring.max_wait_s=0.01",
+            "learner.max_steps=3", "learner.prompts_per_step=4", "learner.group_size=4",
+            "task.eval_prompts=8", "max_staleness=0", "learner.log_every=1",
+            "learner.checkpoint_every=0")
+    sc, rs = s["scoring"], s["reward_scores"]
+    print(f"remote judge: {sc}, {judge.requests} requests, at most {judge.max_active} at once")
+    assert s["steps"] == 3 and s["accounting_ok"] and s["rejected_messages"] == {}, s
+    assert judge.max_active == 2  # the limit was reached (8 evaluation samples at once), never passed
+    assert sc["failed"] == sc["discarded"] == sc["wasted"] == sc["reassigned"] == 0, sc
+    assert sc["delivered"] >= 3 * 16 and rs["samples"] == sc["delivered"], (sc, rs)
+    # one request per scored sample (and per evaluation rollout, twice 8); a batch still at the
+    # scorer when the run ended may have asked for some of its live samples
+    assert 16 + sc["scored"] <= judge.requests <= 16 + sc["scored"] + sc["live"], sc
+    for row in procs.metrics(run):  # eta = 0: each step trains on the groups it logged
+        assert row["reward_mean"] == pytest.approx(2.0 * row["score_gpt"], abs=1e-6), row
