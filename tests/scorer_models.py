@@ -10,7 +10,7 @@ task that contain the digit 7: label 1 iff the completion has a 7, so its probab
 times 5, holds each request `delay_s`, and records how many requests were in flight at once.
 
 `verdict` is a judge parser (`parser: tests/scorer_models.py:verdict`) for a small judge's
-"The answer is (in)correct." answers.
+"1" / "0" / "The answer is (in)correct." answers.
 """
 
 from __future__ import annotations
@@ -151,10 +151,11 @@ class FakeOpenAIJudge:
 
 
 def verdict(text: str) -> float:
-    """A judge's verdict as a score: "correct" 1, "incorrect" / "not correct" 0, anything else
-    NaN (unparsed). SmolLM2-135M-Instruct keeps to this format where it does not keep to
-    "reply with a number" (it answers "The answer is 4." with a digit of the question)."""
-    m = re.search(r"\b(in|not )?correct\b", text, re.IGNORECASE)
+    """A judge's verdict as a score, by its first verdict word: "correct" or a lone 1 -> 1,
+    "incorrect", "not correct" or a lone 0 -> 0, none -> NaN (unparsed). SmolLM2-135M-Instruct,
+    asked to reply 1 or 0, answers "1. The answer is correct" or "The answer is 1."; asked for
+    a 0-10 rating, it echoes a digit of the question ("The answer is 4.")."""
+    m = re.search(r"\b(incorrect|not correct|correct|[01])\b", text, re.IGNORECASE)
     if m is None:
         return float("nan")
-    return 0.0 if m.group(1) else 1.0
+    return 1.0 if m.group(1).lower() in ("correct", "1") else 0.0
