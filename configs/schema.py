@@ -53,8 +53,9 @@ class ModelConfig(Section):
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype of learner forward passes, the reference and critic, and rollout engines:
+    auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 (master weights stay fp32)."""
     ref_path: str = ""
     """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
@@ -230,6 +231,10 @@ class LearnerConfig(Section):
     """CPU learner with local actor processes: shared (every process on every core, one torch
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
     pinned, torch threads = its cores; docs/operations.md)."""
+    collective_timeout_s: Positive = 1800.0
+    """Timeout of every collective between the learner's ranks (NCCL / gloo process group): a rank
+    that waits longer for the others fails the run. Rank 0's long solo work (final export,
+    evaluation) runs after the others have left the group, so this only bounds real hangs."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
@@ -373,6 +378,26 @@ class TransportConfig(Section):
     """Actor: the learner's public key file."""
 
 
+GpuList = Annotated[str, Meta(pattern=r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$",
+                               description='GPU indices and ranges joined by commas, e.g. "0-3"')]
+"""A list of GPUs of one node (configs/placement.py)."""
+
+
+class PlacementConfig(Section):
+    gpus_per_node: NonNegative = 0
+    """GPUs of each node (0 = count them with NVML when the learner starts). Stated in GPU
+    presets so that their placement is checked when the config loads."""
+    learner: Annotated[str, Meta(pattern=r"^(auto|\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*)$",
+                                 description='auto or GPU indices and ranges, e.g. "0-3"')] = "auto"
+    """GPUs of the learner's ranks on its node, one per local rank in order, e.g. "0-3" (auto: the
+    first LOCAL_WORLD_SIZE GPUs; none when the learner runs on the CPU)."""
+    actors: list[GpuList] = []
+    """GPUs of each local actor's engine, e.g. ["4,5", "6,7"], as many as the engine spans (its
+    tensor-parallel size) ([] = auto: consecutive blocks after the learner's GPUs)."""
+    scorers: list[GpuList] = []
+    """GPUs of each reward scorer process on the learner's node ([] = none)."""
+
+
 class TetherConfig(Section):
     run_dir: str = "runs/toy_reverse"
     """Directory for endpoints.json, metrics.jsonl, checkpoints, summary.json and the final model."""
@@ -390,6 +415,8 @@ class TetherConfig(Section):
     """The replay buffer between trajectory receiver and trainer."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """ZeroMQ sockets, heartbeats and limits."""
+    placement: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
+    """Which GPUs each process on the learner's node gets (configs/placement.py)."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -487,6 +514,33 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "ppo with learner.correction=tis (tis is its own policy gradient)", L.policy_loss)
     need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
+    errors += placement_errors(cfg)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors
+
+
+def engine_gpus(cfg: TetherConfig, node_gpus: int) -> int:
+    """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: none for the
+    simulated engine, an HF engine on the CPU, or a node without GPUs."""
+    A = cfg.actors
+    if node_gpus == 0 or A.engine == "simulated" or (A.engine == "hf" and A.device == "cpu"):
+        return 0
+    return 1
+
+
+def placement_errors(cfg: TetherConfig) -> list[str]:
+    """The placement's problem as one line, when the config states the node's GPUs
+    (`placement.gpus_per_node`) and the learner's GPUs (the learner starts with the rest known)."""
+    from configs.placement import PlacementError, parse_devices, plan
+
+    P = cfg.placement
+    if P.gpus_per_node == 0 or P.learner == "auto" or cfg.learner.device == "cpu":
+        return []
+    try:
+        ranks = len(parse_devices(P.learner, "placement.learner"))
+        plan(P.gpus_per_node, ranks, P.learner, cfg.actors.num_local,
+             engine_gpus(cfg, P.gpus_per_node), P.actors, P.scorers)
+    except PlacementError as e:
+        return [str(e)]
+    return []

@@ -34,9 +34,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = os.environ.get("RANK")
     setup_process("learner" if rank is None else f"learner[rank{rank}]")
+    from configs.placement import PlacementError
     from learner.main import run
 
-    run(cfg)
+    try:
+        run(cfg)
+    except PlacementError as e:  # found when the node's GPUs are counted at start
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -39,6 +39,9 @@ class Backend(Protocol):
     """Number of data-parallel ranks; 1 = the trainer does not split batches."""
     lora: LoraSpec | None
     """The adapter's shape when training LoRA adapters (None: full weights train)."""
+    autocast_dtype: torch.dtype
+    """The autocast dtype a forward of `.model` needs to compute in model.dtype (float32: none;
+    FSDP2's MixedPrecisionPolicy casts by itself)."""
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
@@ -110,6 +113,8 @@ class SingleProcessBackend:
         torch.manual_seed(seed)
         self.device = device
         self.dtype = dtype
+        self.autocast_dtype = dtype
+        """What a forward of `model` outside `logprobs` runs under (models/devices.py compute)."""
         self.model_dir = Path(model_dir)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32)

@@ -25,6 +25,7 @@ left inside a collective; the loop then checkpoints with everyone and sends STOP
 from __future__ import annotations
 
 import atexit
+import datetime
 import enum
 import logging
 import os
@@ -45,7 +46,7 @@ from configs.schema import LoraConfig, TetherConfig
 from learner.backend import Backend, SingleProcessBackend
 from learner.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
 from learner.trainer import Trainer
-from models.devices import resolve_device
+from models.devices import resolve_device, torch_dtype
 from transport.weights import PackedWeights, pack
 
 log = logging.getLogger(__name__)
@@ -71,25 +72,31 @@ class Ranks:
     """This rank's training device (cuda:LOCAL_RANK with NCCL, cpu with gloo)."""
 
 
-def start(backend: str, device: str = "auto") -> Ranks:
+def start(backend: str, device: str = "auto", gpu: int | None = None,
+          timeout_s: float = 1800.0) -> Ranks:
     """Join the torchrun process group for `fsdp2` or `megatron` (NCCL when `device` resolves
-    to CUDA, else gloo). `device` is `learner.device` (models/devices.py)."""
+    to CUDA, else gloo), every collective bounded by `timeout_s` (learner.collective_timeout_s).
+    `device` is `learner.device` (models/devices.py); on CUDA this rank uses `cuda:<gpu>` (its
+    GPU in the node's placement, configs/placement.py), cuda:LOCAL_RANK when `gpu` is None."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if backend == "single":
         if world > 1:
             raise RuntimeError(f"learner.backend=single cannot run on {world} torchrun ranks; "
                                "use learner.backend=fsdp2")
-        return Ranks(0, 1, resolve_device(device, "learner.device"))
+        return Ranks(0, 1, resolve_device(device, "learner.device", gpu or 0))
     if "RANK" not in os.environ:
         raise RuntimeError(f"learner.backend={backend} runs under torchrun: torchrun "
                            f"--nproc_per_node N -m learner -c CONFIG learner.backend={backend}")
-    dev = resolve_device(device, "learner.device", int(os.environ["LOCAL_RANK"]))
+    index = int(os.environ["LOCAL_RANK"]) if gpu is None else gpu
+    dev = resolve_device(device, "learner.device", index)
+    timeout = datetime.timedelta(seconds=timeout_s)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
+        dist.init_process_group("nccl", device_id=dev, timeout=timeout)
     else:
-        dist.init_process_group("gloo")
-    log.info("rank %d of %d on %s (%s)", dist.get_rank(), world, dev, dist.get_backend())
+        dist.init_process_group("gloo", timeout=timeout)
+    log.info("rank %d of %d on %s (%s, collective timeout %gs)", dist.get_rank(), world, dev,
+             dist.get_backend(), timeout_s)
     return Ranks(dist.get_rank(), world, dev)
 
 
@@ -152,18 +159,19 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
     """The frozen reference (kl_coef > 0) and the critic (gae, vtrace) this config needs,
     with learner.backend (learner/critic.py); every rank calls it, in this order."""
     L, M = cfg.learner, cfg.model
+    dtype = torch_dtype(M.dtype, ranks.device)  # both compute as the policy does
     out = AlgoModels()
     if L.kl_coef > 0 and policy is not None and policy.lora is not None and not M.ref_path:
         out.reference = FrozenBase(policy)  # the policy with its adapters off: no second copy
     elif L.kl_coef > 0:
         out.reference = make_backend(L.backend, Path(M.ref_path or M.path), 0.0, 0.0, L.seed,
-                                     ranks)
+                                     ranks, dtype)
         out.reference.model.requires_grad_(False)
         out.reference.model.eval()
     if needs_critic(cfg):
         path = Path(M.critic_path or M.path)
         out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed, ranks,
-                                  model=ValueModel(path))
+                                  dtype, model=ValueModel(path))
     return out
 
 

@@ -50,6 +50,7 @@ class FSDP2Backend:
 
         torch.manual_seed(seed)
         self.device = device
+        self.autocast_dtype = torch.float32  # the MixedPrecisionPolicy below computes in dtype
         self.dp_rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)

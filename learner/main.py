@@ -35,11 +35,12 @@ import torch
 from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
+from configs.placement import Placement
 from configs.schema import TetherConfig
 from learner import distributed, tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
-from learner.local_actors import LocalActors
+from learner.local_actors import LocalActors, node_placement
 from learner.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
@@ -63,8 +64,16 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
+    L = cfg.learner
+    on_cuda = devices.resolve_device(L.device, "learner.device").type == "cuda"  # NVML only
+    placement = node_placement(cfg, on_cuda)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = distributed.start(L.backend, L.device,
+                              gpu=placement.learner[local_rank][0] if placement.learner else None,
+                              timeout_s=L.collective_timeout_s)
     devices.limit_cpu_threads(ranks.device)
+    devices.enable_tf32(ranks.device)
+    cfg.model.dtype = devices.resolve_dtype(cfg.model.dtype, ranks.device)  # saved: actors follow
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
     if ranks.rank == 0:
@@ -74,7 +83,6 @@ def run(cfg: TetherConfig) -> dict | None:
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
-    L = cfg.learner
     backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
                                        devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
                                        pp=L.megatron_pp, lora=L.lora)
@@ -91,7 +99,9 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        state = start(cfg, team, tokenizer, checkpoint, actor_cpus)
+        if ranks.rank == 0:
+            log.info("placement on this node: %s", placement.describe() or "no GPUs")
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, placement)
         reason = train(cfg, team, state, sigterm)
         summary = finish(cfg, team, state, reason, time.monotonic() - t0)
     distributed.close(ranks)
@@ -133,7 +143,8 @@ class LeadState:
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          actor_cpus: list[list[int]] | None = None) -> LeadState:
+          actor_cpus: list[list[int]] | None = None,
+          placement: Placement | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
     announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
     from actors.hf_engine import HFEngine
@@ -168,7 +179,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
-    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
+    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus, placement)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,

@@ -144,7 +144,7 @@ def test_resolved_config_round_trips(tmp_path):
     (["actors.engine=3"], "actors.engine must be str, got 3"),
     (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment, verifiers or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
-                   "max_staleness, model, run_dir, task, transport)"),
+                   "max_staleness, model, placement, run_dir, task, transport)"),
 ])
 def test_field_constraints_name_the_field_and_the_rule(override, expected):
     with pytest.raises(ConfigError) as e:
