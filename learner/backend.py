@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -76,6 +76,11 @@ class Backend(Protocol):
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (rank 0 writes it); with LoRA the merged
         model, and the PEFT adapter directory in `path/adapter`."""
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """`export_hf` in two parts: what every rank must do together now (the gathers), and
+        rank 0's writing of the files, returned as a function to call later, when the other
+        ranks no longer wait on a collective (a no-op on the other ranks)."""
 
 
 ADAPTER_DIR = "adapter"
@@ -170,6 +175,10 @@ class SingleProcessBackend:
 
     def load_checkpoint(self, path: Path) -> dict:
         return checkpoint.load(path, self.model, self.optimizer)
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """One process: nothing to gather; the write is the whole export."""
+        return lambda: self.export_hf(path)
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (safetensors + config + tokenizer);

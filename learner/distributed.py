@@ -8,6 +8,7 @@ tells the other ranks, one command at a time, which collective step comes next.
       gather_base()     ── GATHER_BASE ───────────▶   LoRA, once: the frozen base, likewise
       save_checkpoint   ── SAVE + directory ────────▶   write its shards
       export_hf         ── EXPORT + directory ──────▶   all-gather each tensor, drop it
+                           (rank 0 writes the files after STOP and `close`: nobody waits)
       idle()            ── IDLE (every 5 s waiting) ▶   nothing; keeps the group timeout for hangs
       stop()            ── STOP ────────────────────▶   return
 
@@ -34,7 +35,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import numpy as np
 import torch
@@ -227,9 +228,11 @@ class Leader:
         self.backend.save_checkpoint(path, extra)
         self.trainer.models.save(path)
 
-    def export_hf(self, path: Path) -> None:
+    def export_hf(self, path: Path) -> Callable[[], None]:
+        """Gather the export with every rank (a collective); returns rank 0's write of it, to
+        be called once the other ranks no longer wait on a collective (after `stop`)."""
         self._send(Op.EXPORT, 0, _path_array(path))
-        self.backend.export_hf(path)
+        return self.backend.gather_export(path)
 
     def idle(self) -> None:
         self._send(Op.IDLE, 0)
@@ -277,7 +280,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
                 backend.save_checkpoint(_array_path(arrays), {})
                 trainer.models.save(_array_path(arrays))
             case Op.EXPORT:
-                backend.export_hf(_array_path(arrays))
+                backend.gather_export(_array_path(arrays))  # rank 0 writes it, alone
             case Op.STOP:
                 log.info("rank %d: stop after %d steps", ranks.rank, steps)
                 return

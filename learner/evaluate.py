@@ -1,9 +1,26 @@
 """Held-out evaluation: one sampled rollout per held-out prompt, through the configured agent
-(so a tool-use task is evaluated with its tools), mean reward."""
+(so a tool-use task is evaluated with its tools), mean reward.
+
+On the fleet (the learner's runs, `Evaluations`): the learner queues one evaluation lease per
+held-out prompt for the version it evaluates (learner/leases.py `add_eval`); actors serve them
+before training work, with the same seeds as the local path (run seed + 12345, sample 0), and
+their results come back on the trajectory channel, where the learner's I/O thread records them
+here instead of in the replay buffer: never trained on, and the trainer never waits for them
+(only the run's end does). The learner holds no copy of the policy for evaluation. Each round is
+tagged with the version it evaluates and reports the versions that actually sampled its tokens
+(an actor that already holds a newer version samples with it: start-of-run rounds may mix in
+v+1 when training outpaces them; the end round is exact, nothing newer exists).
+
+Locally (`evaluate`): an HF engine in this process, for the learner-alone tools that have no
+actors (scripts/algo_study.py, scripts/staleness_study.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
 
 from actors.agents import make_agent
 from actors.rollout import RolloutTask
@@ -28,3 +45,68 @@ def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
 
     rewards = asyncio.run(run_all())
     return sum(rewards) / len(rewards)
+
+
+@dataclass
+class EvalRound:
+    """One evaluation of one policy version on the fleet."""
+
+    version: int
+    prompts: int
+    rewards: dict[int, float] = field(default_factory=dict)
+    """Evaluation lease id -> reward of its sample (a held-out prompt may be asked twice)."""
+    errors: int = 0
+    """Samples whose agent raised or whose result failed validation (reward 0)."""
+    min_version: int | None = None
+    max_version: int | None = None
+    """The versions that sampled this round's tokens."""
+
+    def done(self) -> bool:
+        return len(self.rewards) >= self.prompts
+
+    def result(self) -> dict:
+        n = len(self.rewards)
+        return {"version": self.version, "reward": sum(self.rewards.values()) / n if n else None,
+                "samples": n, "prompts": self.prompts, "errors": self.errors,
+                "sampled_versions": [self.min_version, self.max_version]}
+
+
+class Evaluations:
+    """The learner's evaluation rounds. Thread-safe: the I/O thread records results, the
+    trainer thread opens rounds and waits for them."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rounds: dict[int, EvalRound] = {}
+
+    def open(self, version: int, prompts: int) -> None:
+        with self._cond:
+            self._rounds[version] = EvalRound(version, prompts)
+
+    def record(self, version: int, lease_id: int, reward: float, versions, error: bool) -> None:
+        """One evaluation lease's result (I/O thread)."""
+        with self._cond:
+            r = self._rounds[version]
+            r.rewards[lease_id] = 0.0 if error else float(reward)
+            r.errors += bool(error)
+            if len(versions):
+                lo, hi = int(versions.min()), int(versions.max())
+                r.min_version = lo if r.min_version is None else min(r.min_version, lo)
+                r.max_version = hi if r.max_version is None else max(r.max_version, hi)
+            self._cond.notify_all()
+
+    def wait(self, version: int, timeout: float) -> bool:
+        """Block until the round of `version` is complete or `timeout` passes; True if done."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            r = self._rounds[version]
+            while not r.done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def result(self, version: int) -> dict:
+        with self._cond:
+            return self._rounds[version].result()

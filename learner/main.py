@@ -4,8 +4,12 @@
     actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats, VersionAnnounce]      │
     actors (DEALER) ◀─weights──── [I/O thread: buckets of version v] ◀─announce(v+1)◀─ gather
 
-`start` restores or begins, gathers and evaluates version v, binds the sockets and starts the
-local actors; `train` loops; `finish` checkpoints, evaluates, exports and writes the summary.
+`start` restores or begins, gathers version v, binds the sockets, queues v's held-out
+evaluation on the actors and starts the local actors; `train` loops; `finish` checkpoints,
+gathers the export, lets the other ranks go, then (rank 0 alone: nobody waits in a collective)
+writes the export, evaluates the final version on the actors, stops them and writes the
+summary. Evaluation runs as evaluation leases on the actors (learner/evaluate.py): the learner
+keeps no second copy of the policy and the trainer never waits for a generation.
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
 waits for every few seconds, so a stall is never silent), trains one step, gathers the new
 weights (`Leader.gather_weights`, a collective under FSDP2) and hands them to the I/O thread to
@@ -38,7 +42,6 @@ from configs.loader import save_config
 from configs.placement import Placement
 from configs.schema import TetherConfig
 from learner import distributed, tracking
-from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors, node_placement
 from learner.metrics import MetricsLog
@@ -99,13 +102,14 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        if ranks.rank == 0:
-            log.info("placement on this node: %s", placement.describe() or "no GPUs")
+        log.info("placement on this node: %s", placement.describe() or "no GPUs")
         state = start(cfg, team, tokenizer, checkpoint, actor_cpus, placement)
-        reason = train(cfg, team, state, sigterm)
-        summary = finish(cfg, team, state, reason, time.monotonic() - t0)
-    distributed.close(ranks)
-    return summary
+        reason = "failed"
+        try:
+            reason = train(cfg, team, state, sigterm)
+            return finish(cfg, team, state, reason, time.monotonic() - t0)
+        finally:
+            _stop_fleet(state, reason)
 
 
 def _place_cpus(cfg: TetherConfig, ranks: distributed.Ranks) -> list[list[int]] | None:
@@ -134,8 +138,8 @@ class LeadState:
     server: LearnerServer
     actors: LocalActors
     metrics: MetricsLog
-    eval_engine: object
-    eval_start: float
+    eval_start: int
+    """The version whose evaluation was queued at start."""
     version: int
     """Policy version = optimizer steps done."""
     packed: PackedWeights
@@ -145,9 +149,9 @@ class LeadState:
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
           actor_cpus: list[list[int]] | None = None,
           placement: Placement | None = None) -> LeadState:
-    """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
-    announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.hf_engine import HFEngine
+    """Restore (or begin), gather version v's weights, bind the sockets, announce v, queue
+    its held-out evaluation on the actors, start the local actors (on `actor_cpus`, one list per
+    actor, if given; on the GPUs `placement` gives them)."""
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -163,34 +167,32 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         team.trainer.models.load(checkpoint)
     base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
     packed = team.gather_weights(version)
-    eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
-    if base is not None:
-        eval_engine.load_packed(base.manifest, list(base.buckets))
-    eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
-    log.info("held-out reward at v%d: %.3f", version, eval_start)
-
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
-    server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
-                           version, base=base)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base)
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
     server.announce(version, _for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
+    server.evaluate(version, task.eval_prompts(cfg.task.eval_prompts))
+    log.info("held-out evaluation of v%d queued on the actors (%d prompts)", version,
+             cfg.task.eval_prompts)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus, placement)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_engine=eval_engine,
-                     eval_start=eval_start, version=version, packed=packed)
+                     server=server, actors=actors, metrics=metrics, eval_start=version,
+                     version=version, packed=packed)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
     """Take a batch, step, gather and announce the new version, until learner.max_steps (or
     learner.max_train_minutes, or learner.stop_at_reward); returns why it ended ("finished",
-    "time_limit", "reward_reached" or "interrupted"). Stops the server and actors. `sigterm`:
+    "time_limit", "reward_reached" or "interrupted"). The server and actors keep running (the
+    final evaluation needs them); `finish` or `_stop_fleet` stops them. `sigterm`:
     a SIGTERM raises KeyboardInterrupt only while this runs (see _sigterm_interrupts)."""
     run_dir = Path(cfg.run_dir)
     reason = "finished"
@@ -240,11 +242,17 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
         log.warning("interrupted at v%d: saving a checkpoint", st.version)
     finally:
         sigterm.raising = False
-        st.server.stop(reason)
+        st.server.end_training()  # evaluation leases only from now on
         st.buffer.close()
         st.metrics.close()
-        st.actors.reap()
     return reason
+
+
+def _stop_fleet(st: LeadState, reason: str) -> None:
+    """Tell the actors to shut down, close the sockets, reap local actors (idempotent)."""
+    if st.server.is_alive():
+        st.server.stop(reason)
+        st.actors.reap()
 
 
 def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
@@ -258,17 +266,25 @@ def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
 
 def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: str,
            wall: float) -> dict:
-    """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
+    """Final checkpoint and the export's gather (collectives of every rank), then the other
+    ranks stop and leave the group; rank 0 alone writes the export, evaluates the final version
+    on the actors, stops them and writes summary.json."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
         _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep)
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
-    eval_end = _evaluate(st.eval_engine, st.packed, st.task, cfg, st.tokenizer)
-    team.export_hf(run_dir / "final_model")
+    write_export = team.export_hf(run_dir / "final_model")
     team.stop()
-    summary = _summary(cfg, st, eval_end, wall, reason)
+    distributed.close(team.ranks)  # the other ranks are gone: nothing below is a collective
+    if st.version != st.eval_start:
+        st.server.evaluate(st.version, st.task.eval_prompts(cfg.task.eval_prompts))
+    write_export()
+    evals = {name: _wait_evaluation(cfg, st, v)
+             for name, v in (("start", st.eval_start), ("end", st.version))}
+    _stop_fleet(st, reason)
+    summary = _summary(cfg, st, evals, wall, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     st.metrics.finish(summary)
     _log_summary(summary)
@@ -291,10 +307,25 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     return PackedWeights(manifest=notice, buckets=())
 
 
-def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> float:
-    """Held-out reward of the published weights `packed` (no second gather of the model)."""
-    engine.load_packed(packed.manifest, list(packed.buckets))
-    return evaluate(engine, task, cfg, tokenizer)
+def _wait_evaluation(cfg: TetherConfig, st: LeadState, version: int) -> dict:
+    """Wait for the actors to finish evaluating `version` (rank 0 alone, after training); gives
+    up when no actor has been connected for transport.peer_timeout_s (then the round reports
+    what arrived)."""
+    alone_since = None
+    while not st.server.evaluations.wait(version, WAIT_LOG_S):
+        if st.server.snapshot()["actors_connected"]:
+            alone_since = None
+        else:
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since > cfg.transport.peer_timeout_s:
+                log.warning("no actor to finish the evaluation of v%d", version)
+                break
+        r = st.server.evaluations.result(version)
+        log.info("evaluation of v%d: %d of %d samples in", version, r["samples"], r["prompts"])
+    r = st.server.evaluations.result(version)
+    log.info("held-out reward at v%d: %s (%d samples, tokens of v%s-v%s)", version, r["reward"],
+             r["samples"], *r["sampled_versions"])
+    return r
 
 
 def _log_summary(summary: dict) -> None:
@@ -425,13 +456,14 @@ def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
             setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
-def _summary(cfg: TetherConfig, st: LeadState, eval_end: float, wall: float, reason: str) -> dict:
+def _summary(cfg: TetherConfig, st: LeadState, evals: dict, wall: float, reason: str) -> dict:
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
     accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
     return {
-        "eval_reward_start": st.eval_start, "eval_reward_end": eval_end, "steps": st.version,
+        "eval_reward_start": evals["start"]["reward"], "eval_reward_end": evals["end"]["reward"],
+        "evaluations": evals, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq
 
 from buffer.record import TrajGroup
@@ -35,6 +36,7 @@ from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.advantages import is_uniform
+from learner.evaluate import Evaluations
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
 from learner.validate import InvalidTrajectory, to_group
@@ -46,6 +48,8 @@ from transport.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 
+EVAL_SEED = 12345
+"""Evaluation leases are seeded from learner.seed + this (the local evaluation's seeds too)."""
 TICK_MS = 100
 """Poll timeout: the longest the loop goes without checking for dead actors."""
 
@@ -84,6 +88,11 @@ class LearnerServer(threading.Thread):
         """What the rollouts of accepted results (kept or dropped as agent_error) reported."""
         self.timeline = None
         """learner/timeline.Timeline, given the actors' time spans when set."""
+        self.evaluations = Evaluations()
+        """Held-out evaluation rounds served by the actors (learner/evaluate.py)."""
+        self.finishing = False
+        """Training ended: trajectories are read whatever the buffer's room (evaluation results
+        must not wait behind training groups nobody will take)."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -131,6 +140,16 @@ class LearnerServer(threading.Thread):
         """Make the gathered weights `packed` of `version` current: served to actors that ask,
         and a VersionAnnounce to every joined actor. Does not block (the I/O thread sends)."""
         self._command(("announce", version, packed))
+
+    def evaluate(self, version: int, prompts: list) -> None:
+        """Queue an evaluation of `version` on the held-out `prompts` (one lease each, granted
+        to actors before training work). Does not block; `evaluations.wait(version)` does."""
+        self.evaluations.open(version, len(prompts))
+        self._command(("evaluate", version, prompts))
+
+    def end_training(self) -> None:
+        """Grant no more training leases (evaluation leases only). Does not block."""
+        self._command(("end_training",))
 
     def stop(self, reason: str) -> None:
         """Tell every actor to shut down, close the sockets, end the thread."""
@@ -181,7 +200,7 @@ class LearnerServer(threading.Thread):
         stopping: str | None = None
         next_expiry = 0.0
         while stopping is None:
-            want = self.buffer.has_room()
+            want = self.buffer.has_room() or self.finishing
             if want != reading_trajectories:
                 if want:
                     poller.register(self.trajectory, zmq.POLLIN)
@@ -221,7 +240,8 @@ class LearnerServer(threading.Thread):
         the valid ones to the buffer together: one lock and one wake-up of the trainer per
         batch. Frames are not copied: msgspec decodes straight from ZeroMQ's buffer."""
         groups = []
-        for _ in range(min(limit, self.buffer.room())):
+        room = self.buffer.room()
+        for _ in range(limit if self.finishing else min(limit, room)):
             try:
                 frames = self.trajectory.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -229,6 +249,9 @@ class LearnerServer(threading.Thread):
             group = self._on_trajectory(frames)
             if group is not None:
                 groups.append(group)
+        if len(groups) > room:  # only while finishing: nobody trains on them any more
+            self.leases.drops.add(DropReason.AFTER_END, len(groups) - room)
+            groups = groups[:room]
         self.buffer.put_many(groups)
 
     def _run_commands(self) -> str | None:
@@ -243,6 +266,11 @@ class LearnerServer(threading.Thread):
                     news = self._enc.encode(m.VersionAnnounce(version=version))
                     for st in self.actors.values():
                         self.control.send_multipart([st.identity, news], zmq.NOBLOCK)
+                case ("evaluate", version, prompts):
+                    self.leases.add_eval(version, prompts)
+                case ("end_training",):
+                    self.leases.close_training()
+                    self.finishing = True
                 case ("stop", reason):
                     return reason
 
@@ -371,9 +399,10 @@ class LearnerServer(threading.Thread):
 
     def _lease_msg(self, r: LeaseRecord) -> m.Lease:
         task = self.cfg.task
+        seed = self.cfg.learner.seed + (EVAL_SEED if r.eval_version is not None else 0)
         return m.Lease(lease_id=r.lease_id, prompt_id=r.prompt.prompt_id,
                        prompt_ids=m.Array.from_numpy(r.prompt.token_ids), num_samples=r.num_samples,
-                       min_version=r.min_version, seed=self.cfg.learner.seed,
+                       min_version=r.min_version, seed=seed,
                        max_new_tokens=task.max_new_tokens, temperature=task.temperature,
                        meta=r.prompt.meta)
 
@@ -412,6 +441,9 @@ class LearnerServer(threading.Thread):
             return None
         if st := self.actors.get(msg.actor_id):
             st.last_seen = time.monotonic()
+        if rec.eval_version is not None:
+            self._on_eval_result(msg, rec)
+            return None
         errors = [s.error for s in msg.samples if s.error]
         if errors:
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
@@ -431,6 +463,23 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
             return None
         return group
+
+    def _on_eval_result(self, msg: m.GroupResult, rec: LeaseRecord) -> None:
+        """Record an evaluation lease's sample (validated like training results; an agent error
+        or an invalid result scores 0 and is counted)."""
+        error = any(s.error for s in msg.samples)
+        versions = np.zeros(0, np.int32)
+        reward = 0.0
+        if not error:
+            try:
+                group = to_group(msg, rec, self.vocab_size, self.version,
+                                 max_tokens=max_completion_tokens(self.cfg))
+                reward = float(group.rewards[0])
+                versions = np.concatenate(group.versions)
+            except InvalidTrajectory as e:
+                self._reject("invalid_trajectory", f"evaluation lease {rec.lease_id}: {e}")
+                error = True
+        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:
