@@ -11,8 +11,9 @@ tagged with the version it evaluates and reports the versions that actually samp
 (an actor that already holds a newer version samples with it: start-of-run rounds may mix in
 v+1 when training outpaces them; the end round is exact, nothing newer exists).
 
-Locally (`evaluate`): an HF engine in this process, for the learner-alone tools that have no
-actors (scripts/algo_study.py, scripts/staleness_study.py).
+Locally (`evaluate`): an HF engine in this process, where no actor exists: the learner-alone
+tools (scripts/algo_study.py, scripts/staleness_study.py), and a learner's end round when every
+actor is gone (it loads the exported model, after the other ranks have left).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class EvalRound:
         n = len(self.rewards)
         return {"version": self.version, "reward": sum(self.rewards.values()) / n if n else None,
                 "samples": n, "prompts": self.prompts, "errors": self.errors,
-                "sampled_versions": [self.min_version, self.max_version]}
+                "sampled_versions": [self.min_version, self.max_version], "where": "actors"}
 
 
 class Evaluations:

@@ -10,6 +10,11 @@ CUDA_VISIBLE_DEVICES ("" on the CPU) and none of torchrun's rendezvous environme
 actor of a torchrun learner is not a rank. `node_placement` computes this node's placement
 when the learner starts (before any CUDA call: NVML counts the GPUs).
 
+Actor processes run in sessions of their own: a Ctrl-C at the terminal, or torchrun passing a
+signal to its ranks' process groups, reaches the learner only, which checkpoints, has the actors
+evaluate the final version, and then tells them to shut down (they also exit when the learner's
+process dies: --exit-with-parent).
+
 Either way an actor stops when the learner sends Shutdown; `reap` waits for that and kills a
 process that does not exit (a thread that does not is reported; threads cannot be killed).
 """
@@ -67,7 +72,8 @@ class LocalActors:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "actors", "-c", str(run_dir / "config.yaml"),
                      "--actor-id", f"local-{i}", "--exit-with-parent", *pinned, endpoint],
-                    stdout=out, stderr=subprocess.STDOUT, env=child_env(gpus)))
+                    stdout=out, stderr=subprocess.STDOUT, env=child_env(gpus),
+                    start_new_session=True))
         if procs:
             log.info("started %d local actor process(es); logs in %s", n, logs)
         return cls(procs, [])

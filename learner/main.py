@@ -42,6 +42,7 @@ from configs.loader import save_config
 from configs.placement import Placement
 from configs.schema import TetherConfig
 from learner import distributed, tracking
+from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors, node_placement
 from learner.metrics import MetricsLog
@@ -283,6 +284,8 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     write_export()
     evals = {name: _wait_evaluation(cfg, st, v)
              for name, v in (("start", st.eval_start), ("end", st.version))}
+    if evals["end"]["samples"] < evals["end"]["prompts"]:  # no actor left: the local fallback
+        evals["end"] = _evaluate_locally(cfg, st, run_dir / "final_model", team.ranks.device)
     _stop_fleet(st, reason)
     summary = _summary(cfg, st, evals, wall, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -305,6 +308,21 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
                                      lora=packed.manifest.lora)
     return PackedWeights(manifest=notice, buckets=())
+
+
+def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device) -> dict:
+    """The end round where no actor is left to serve it: the exported model in an HF engine in
+    this process (rank 0 alone, after training; the only time the learner holds an engine)."""
+    from actors.hf_engine import HFEngine
+
+    log.warning("no actor evaluated v%d: evaluating the exported model in this process",
+                st.version)
+    engine = HFEngine(model_dir, device, devices.torch_dtype(cfg.model.dtype, device))
+    engine.version = st.version
+    reward = evaluate(engine, st.task, cfg, st.tokenizer)
+    return {"version": st.version, "reward": reward, "samples": cfg.task.eval_prompts,
+            "prompts": cfg.task.eval_prompts, "errors": 0,
+            "sampled_versions": [st.version, st.version], "where": "local"}
 
 
 def _wait_evaluation(cfg: TetherConfig, st: LeadState, version: int) -> dict:
