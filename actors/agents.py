@@ -16,26 +16,26 @@ from configs.schema import TetherConfig
 
 def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
     """The agent `actors.agent` names, scoring with the task's reward function."""
-    A = cfg.actors
-    if A.agent == "single_turn":
+    A = cfg.actors.agent
+    if A.kind == "single_turn":
         return SingleTurnAgent(task.reward)
-    if A.agent == "tools":
+    if A.kind == "tools":
         return ToolAgent(task.reward, make_chat_format(tokenizer),
                          make_tools(A.tools, A.tool_timeout_s, A.tool_memory_mb, A.python_sandbox,
                                     A.tool_max_procs),
                          A.max_turns, A.max_total_tokens, make_parser(A.tool_parser))
-    if A.agent == "openai":
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+    if A.kind == "openai":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
-        return OpenAIAgent(endpoint, load_user_agent(A.openai_agent), task.reward)
-    if A.agent == "environment":
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+        return OpenAIAgent(endpoint, load_user_agent(A.function), task.reward)
+    if A.kind == "environment":
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         env = load_environment(A.environment or cfg.task.environment)
         return EnvironmentAgent(OpenAIAgent(endpoint, None, task.reward,
                                             tool_defs=getattr(env, "tools", None)), env)
-    if A.agent == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
-        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.openai_port, A.max_turns,
+    if A.kind == "verifiers":  # task is a VerifiersTask (configs.schema.validate)
+        endpoint = OpenAIEndpoint(make_chat_format(tokenizer), A.port, A.max_turns,
                                   A.max_total_tokens, make_parser(A.tool_parser))
         return VerifiersAgent(OpenAIAgent(endpoint, None, task.reward), task.env)
-    raise ValueError(f"unknown agent {A.agent!r}")
+    raise ValueError(f"unknown agent {A.kind!r}")

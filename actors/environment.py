@@ -1,6 +1,6 @@
 """Ecosystem environments as the agent (`actors.agent=environment`), over the OpenAI-client path.
 
-    actors.environment = "package.module:ENV"      an object (or a zero-argument factory) with
+    actors.agent.environment = "package.module:ENV"      an object (or a zero-argument factory) with
 
         async def rollout(self, client: openai.AsyncOpenAI, model: str,
                           messages: list[dict], meta: dict) -> list[dict]
@@ -25,7 +25,7 @@ Optional attributes of the environment:
 With `task.name: environment` the environment's own dataset is the task (make_task below): the
 learner renders each row's prompt with the same chat format the endpoint checks the first call
 against, and every other column travels in the lease's meta to `rollout` and `rubric` (strings
-as they are, other values JSON-encoded). `actors.environment` defaults to `task.environment`.
+as they are, other values JSON-encoded). `actors.agent.environment` defaults to `task.environment`.
 
 This is the shape in which verifiers environments run their episodes (an OpenAI client, a
 model name, the prompt, the row's info) and score them (a rubric over the conversation), without
@@ -65,7 +65,7 @@ def load_environment(spec: str) -> Environment:
     env = obj() if inspect.isclass(obj) or inspect.isfunction(obj) else obj
     for method in ("rollout", "rubric"):
         if not callable(getattr(type(env), method, None)):
-            raise ValueError(f"actors.environment {spec!r} has no {method}() method")
+            raise ValueError(f"actors.agent.environment {spec!r} has no {method}() method")
     return env
 
 

@@ -3,7 +3,7 @@ calculator episode played through an OpenAI client with function calling, scored
 rubric (the fraction of the target's digits in the final answer, like a verifiers rubric's
 reward function over the completion messages).
 
-    actors.agent=environment actors.environment=actors.environment_example:CalculatorEnv
+    actors.agent=environment actors.agent.environment=actors.environment_example:CalculatorEnv
 
 With its own prompts (`dataset`: 3-digit additions from a fixed seed) instead of the calculator
 task's:

@@ -7,7 +7,7 @@ started in 28-31 s on ~33 CPU-s spawned and in 7-9 s on ~21 CPU-s forked; an SGL
 28-42 s with ~27 CPU-s in its children spawned and in 2.5-3 s with ~3 CPU-s forked.
 
 Where it forks: only where `enable` was called, which `python -m actors` does for an actor of
-one torch thread (the default placement; docs/distributed.md). Everywhere else the engines spawn
+one torch thread (the default placement; docs/operations.md). Everywhere else the engines spawn
 as they always did: on GPUs (vLLM forks there already, SGLang must spawn once CUDA is in use), in
 the learner's process (`transport.kind: inproc`, where training runs torch beside the engine),
 and in an actor given several cores (`cpu_placement: split`): a child forked after the parent

@@ -6,7 +6,7 @@ kernels give bitwise-identical rows whatever else is in the batch, so a sample d
 on which actor ran it or what it was batched with. Behavior logprobs come from one full forward
 pass over prompt + completion padded to prompt + max_new_tokens (a fixed length, again for
 bitwise reproducibility), under the tempered distribution that was sampled from; with
-`logprobs="sampling"` (`actors.hf_logprobs`) they are read off the sampling steps' own
+`logprobs="sampling"` (`actors.engine.logprobs`) they are read off the sampling steps' own
 distributions instead, saving that pass, and differ from the learner's by float rounding.
 
 LoRA runs: the base (manifest kind "base") is kept as a state dict; every adapter version is

@@ -3,7 +3,7 @@
 It knows nothing about Tether: plain HTTP (urllib), OpenAI request/response JSON, its own tool
 handling. Run it as an actor with
 
-    actors.agent=openai actors.openai_agent=actors.openai_example:calculator_agent
+    actors.agent=openai actors.agent.function=actors.openai_example:calculator_agent
 
 With the `openai` package the same loop would be
 `OpenAI(base_url=base_url, api_key="-").chat.completions.create(model="tether", messages=...)`.

@@ -1,13 +1,13 @@
 """A function-calling agent written with the official `openai` client only, for
 `actors.agent=openai`:
 
-    actors.agent=openai actors.openai_agent=actors.openai_tools_example:calculator_agent
+    actors.agent=openai actors.agent.function=actors.openai_tools_example:calculator_agent
 
 It declares the calculator as an OpenAI tool, runs the calls the model makes
 (`message.tool_calls`) and answers each with a `role: "tool"` message by `tool_call_id`, until
 the model answers. Nothing in it is Tether's: the same function runs against any
 OpenAI-compatible server. With the tiny calculator model the endpoint's `tether` parser turns
-`<call> calc ARG </call>` into the call; a Qwen-family model would use `actors.tool_parser=hermes`.
+`<call> calc ARG </call>` into the call; a Qwen-family model would use `actors.agent.tool_parser=hermes`.
 
 One `httpx.Client` (a connection pool) serves every rollout: each rollout only wraps it in an
 `OpenAI` for its own base URL. A fresh `OpenAI(...)` per rollout builds its own pool and TLS

@@ -48,10 +48,10 @@ class Finish(str, enum.Enum):
     """The model ended its turn (end-of-turn token) without calling a tool, or the OpenAI
     client stopped asking."""
     MAX_TURNS = "max_turns"
-    """The model used all `actors.max_turns` turns (its last one still called a tool)."""
+    """The model used all `actors.agent.max_turns` turns (its last one still called a tool)."""
     MAX_TOKENS = "max_tokens"
     """Out of tokens: the last model turn was cut at its limit (`task.max_new_tokens`, or what
-    was left of `actors.max_total_tokens`), or the next turn would not fit into the latter."""
+    was left of `actors.agent.max_total_tokens`), or the next turn would not fit into the latter."""
     ERROR = "error"
     """The agent raised; the sample carries the error instead of a trajectory."""
 

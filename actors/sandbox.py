@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox of the python tool (`actors.python_sandbox: bwrap`, the default).
+"""The bubblewrap sandbox of the python tool (`actors.agent.python_sandbox: bwrap`, the default).
 
     bwrap                                   a fresh mount, network, pid, ipc and uts namespace
       read-only:  /usr (/bin, /lib, /lib64 as its links), the interpreter's own prefix

@@ -1,12 +1,12 @@
 """SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
-child processes (ARCHITECTURE.md says why this and not `sglang.launch_server`), forked in CPU
+child processes (docs/engines/sglang.md says why this and not `sglang.launch_server`), forked in CPU
 actors (actors/forked.py). Every `generate`
 call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
 continuous batching.
 
-Weight updates (`actors.update_mode`), each with the engine paused so a version lands whole:
+Weight updates (`actors.engine.update_mode`), each with the engine paused so a version lands whole:
 
     wait   new requests queue; once the running ones have finished: pause, load, continue
     keep   pause(mode="retract"): running requests go back to the queue and drop their KV;
@@ -91,9 +91,11 @@ def _engine_class() -> type:
 
 def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
                    mem_fraction_static: float, lora_rank: int, lora_targets: tuple[str, ...],
-                   cpu: bool, dtype: str = "float32") -> dict:
+                   cpu: bool, dtype: str = "float32", tp_size: int = 1,
+                   base_gpu_id: int = 0) -> dict:
     """SGLang's server arguments for an actor's engine (placeholder weights, no tokenizer),
-    computing in `dtype` (model.dtype, resolved)."""
+    computing in `dtype` (model.dtype, resolved), on `tp_size` GPUs from `base_gpu_id` (of
+    those in the actor's CUDA_VISIBLE_DEVICES) when on CUDA."""
     kw = dict(model_path=str(model_dir), dtype=dtype, load_format="dummy",
               skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
               disable_overlap_schedule=True, log_level="warning")
@@ -103,6 +105,8 @@ def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
         kw["mem_fraction_static"] = mem_fraction_static
     if cpu:
         kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    else:
+        kw.update(tp_size=tp_size, base_gpu_id=base_gpu_id)
     if lora_rank:
         # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
         kw.update(enable_lora=True, max_lora_rank=lora_rank,
@@ -116,7 +120,8 @@ class SGLangEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
                  mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
                  lora_rank: int = 0, lora_targets: tuple[str, ...] = (),
-                 dtype: str = "float32", cpu: bool | None = None) -> None:
+                 dtype: str = "float32", cpu: bool | None = None, tp_size: int = 1,
+                 base_gpu_id: int = 0) -> None:
         """Start SGLang with placeholder weights; nothing is generated before `load_*`.
         `lora_rank > 0`: a LoRA run's actor (the base once, then adapters of that rank on the
         modules `lora_targets`, peft's names).
@@ -163,7 +168,7 @@ class SGLangEngine:
         """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
         self._lora_ids = itertools.count(1)
         kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
-                            lora_targets, cpu, dtype)
+                            lora_targets, cpu, dtype, tp_size, base_gpu_id)
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)

@@ -8,7 +8,7 @@ most min(task.max_new_tokens, tokens left) new tokens and its own seed (RolloutT
 The rollout ends at an answer, after `max_turns` model turns, or when the next turn (or a tool
 result plus one model token) would not fit into `max_total_tokens`.
 
-Calls are read by the same named parser as the OpenAI endpoint's (`actors.tool_parser`:
+Calls are read by the same named parser as the OpenAI endpoint's (`actors.agent.tool_parser`:
 tether `<call> NAME ARG </call>` | hermes `<tool_call>{json}</tool_call>`) and results are
 rendered by the same chat format, so one trained model works in both. A turn that does not
 parse gets an error message as its tool result (and is counted in `tool_parse_errors`).

@@ -1,4 +1,4 @@
-"""Named parsers from a model turn's text to OpenAI tool calls (`actors.tool_parser`).
+"""Named parsers from a model turn's text to OpenAI tool calls (`actors.agent.tool_parser`).
 
     tether   the tiny models' format: the whole turn is `<call> NAME ARGUMENT </call>`
              -> one call, arguments `{"argument": "ARGUMENT"}` (actors/tools.py parse_call)

@@ -140,10 +140,11 @@ class PythonTool:
         self.bwrap = find_bwrap() if sandbox == "bwrap" else None
         if sandbox == "bwrap" and self.bwrap is None:
             raise RuntimeError("the python tool needs bubblewrap (`bwrap` on PATH; Debian/Ubuntu: "
-                               "apt-get install bubblewrap), or actors.python_sandbox=rlimits to "
-                               "run model-written code without a sandbox (unsafe)")
+                               "apt-get install bubblewrap), or "
+                               "actors.agent.python_sandbox=rlimits to run model-written code "
+                               "without a sandbox (unsafe)")
         if sandbox == "rlimits":
-            log.warning("python tool without a sandbox (actors.python_sandbox=rlimits): "
+            log.warning("python tool without a sandbox (actors.agent.python_sandbox=rlimits): "
                         "model-written code can read the actor's files (CURVE keys), reach the "
                         "network and write anywhere the actor can")
 
@@ -191,7 +192,7 @@ class PythonTool:
 
 def make_tools(names: str, timeout_s: float, memory_mb: int, sandbox: str = "bwrap",
                max_procs: int = 16) -> ToolRegistry:
-    """The registry for `actors.tools` (comma-separated names, checked by the config)."""
+    """The registry for `actors.agent.tools` (comma-separated names, checked by the config)."""
     made = {"calc": Calculator,
             "python": lambda: PythonTool(timeout_s, memory_mb, sandbox=sandbox, max_procs=max_procs)}
     return ToolRegistry([made[n.strip()]() for n in names.split(",")], timeout_s)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import msgspec
 
-from configs.loader import field_docs, rule, unwrap
+from configs.base import kinds_of
+from configs.loader import default_of, field_docs, rule, unwrap
 from configs.schema import TetherConfig
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -33,6 +34,13 @@ below; it may extend another preset with `base: other.yaml` (a path relative to 
 directory). Any field can be overridden on the command line with a dotted `key=value`
 (`learner.lr=1e-3`, `max_staleness=0`); the resolved config is written to `run_dir/config.yaml`.
 `--help` on `python -m learner` or `python -m actors` prints the same list.
+
+A family that you pick a kind from (`actors.engine`, `actors.agent`, `learner.backend`) is a
+section tagged by `kind` that holds only that kind's fields: `actors.engine: {kind: vllm,
+kv_cache_gb: 0.5}`. The kind's name alone stands for that kind with its defaults, in a preset
+(`engine: vllm`) and on the command line (`actors.engine=vllm`); a field of the chosen kind is
+overridden with its dotted key (`actors.engine.kv_cache_gb=0.5`), and a field the chosen kind does
+not have stops with one line naming it.
 
 The loader checks each field's type, choices and range (the *allowed* column), then the rules
 between fields (`check_ranges` in `configs/schema.py`: e.g. `buffer.capacity_groups >=
@@ -65,15 +73,32 @@ def _allowed(hint: object) -> str:
     return name if meta is None else _cell(f"{name}, {rule(meta)}")
 
 
-def _table(cls: type, prefix: str) -> list[str]:
-    docs, default = field_docs(cls), cls()
+def _table(cls: type, prefix: str, skip: frozenset[str] = frozenset()) -> list[str]:
+    """The table of `cls`'s own fields, less those named in `skip`."""
+    docs = field_docs(cls)
     rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for f in msgspec.structs.fields(cls):
-        value = getattr(default, f.name)
-        if not isinstance(value, msgspec.Struct):
-            rows.append(f"| `{prefix}{f.name}` | {_default(value)} | {_allowed(f.type)} | "
+        if f.name in skip:
+            continue
+        value, kinds = default_of(f), kinds_of(f.type)
+        if kinds is not None:
+            allowed = " \\| ".join(f"`{k}`" for k in kinds)
+            rows.append(f"| `{prefix}{f.name}` | `{value.kind}` | {allowed} (`kind`) | "
+                        f"{_cell(docs.get(f.name, ''))} |")
+        elif not _is_section(f.type):
+            shown = "required" if value is msgspec.NODEFAULT else _default(value)
+            rows.append(f"| `{prefix}{f.name}` | {shown} | {_allowed(f.type)} | "
                         f"{_cell(docs.get(f.name, ''))} |")
     return rows
+
+
+def _others(cls: type, name: str) -> frozenset[str]:
+    """Every field of `cls` but `name`."""
+    return frozenset(f.name for f in msgspec.structs.fields(cls) if f.name != name)
+
+
+def _is_section(hint: object) -> bool:
+    return isinstance(hint, type) and issubclass(hint, msgspec.Struct)
 
 
 def render() -> str:
@@ -83,15 +108,31 @@ def render() -> str:
 
 
 def _sections(cls: type, prefix: str) -> list[str]:
-    """A heading and a table for every section inside `cls`, then for the sections in those."""
+    """A heading and a table for every section inside `cls`, then for the sections in those;
+    a family gets a heading and a table per kind."""
     lines: list[str] = []
-    docs, default = field_docs(cls), cls()
+    docs = field_docs(cls)
     for f in msgspec.structs.fields(cls):
-        section = getattr(default, f.name)
-        if isinstance(section, msgspec.Struct):
-            key = prefix + f.name
+        key, kinds = prefix + f.name, kinds_of(f.type)
+        if kinds is not None:
+            lines += ["", f"## `{key}`: one section per kind (the kinds: the row above)"]
+            first: dict[str, tuple[str, str]] = {}  # field -> (its row, the kind it was shown for)
+            for kind, section in kinds.items():
+                lines += ["", f"### `{key}: {kind}`: {_cell(section.__doc__ or '')}", ""]
+                rows = {n.name: _table(section, key + ".", _others(section, n.name))[2]
+                        for n in msgspec.structs.fields(section)}
+                shown = {n: k for n, (row, k) in first.items() if rows.get(n) == row}
+                table = _table(section, key + ".", frozenset(shown))
+                lines += table if len(table) > 2 else []
+                for k in dict.fromkeys(shown.values()):  # a field the same as an earlier kind's
+                    names = ", ".join(f"`{n}`" for n, kk in shown.items() if kk == k)
+                    lines += ["", f"Also {names}, as under `{key}: {k}`."]
+                if len(table) <= 2 and not shown:
+                    lines += ["No settings of its own."]
+                first.update({n: (row, kind) for n, row in rows.items() if n not in first})
+        elif _is_section(f.type):
             lines += ["", f"## `{key}`: {_cell(docs.get(f.name, ''))}", "",
-                      *_table(type(section), key + "."), *_sections(type(section), key + ".")]
+                      *_table(f.type, key + "."), *_sections(f.type, key + ".")]
     return lines
 
 

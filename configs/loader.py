@@ -3,10 +3,13 @@
     cfg = load_config("configs/toy_reverse.yaml", ["learner.lr=1e-3", "actors.num_local=2"])
 
 A preset may name another preset it extends (`base: toy_reverse.yaml`, relative to its own
-directory) and then states only what differs. msgspec checks every type, choice and range
-declared on the fields (`configs/schema.py`); `check_ranges` the rules between fields. Any
-problem raises `ConfigError` with one line that names the field; entry points print it and
-exit with status 2.
+directory) and then states only what differs. A family's section (`actors.engine`,
+`actors.agent`, `learner.backend`) may be given as its kind's name alone, `actors.engine: vllm`,
+which stands for `{kind: vllm}`: that kind with its defaults; a section that names no kind keeps
+the kind it extends (or the default's). Each field is checked against its declared type, choices
+and range (`configs/schema.py`) by walking the schema, so the one line of a `ConfigError` names
+the field from the schema itself, not from msgspec's error text; `check_ranges` then checks the
+rules between fields. Entry points print the line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import msgspec
 import yaml
 
+from configs.base import Kind, kinds_of
 from configs.schema import TetherConfig, check_ranges
 
 PRESET_DIR = Path(__file__).resolve().parent
@@ -50,6 +54,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Te
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.field=value")
+        expand_kinds(raw, TetherConfig)  # `actors.engine=vllm` then `actors.engine.kv_cache_gb=1`
         node = raw
         parts = key.split(".")
         for part in parts[:-1]:
@@ -57,10 +62,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Te
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}: {part} is not a section")
         node[parts[-1]] = _yaml(value) if value != "" else ""
-    try:
-        cfg = msgspec.convert(raw, TetherConfig)
-    except msgspec.ValidationError as e:
-        raise ConfigError(_explain(str(e), raw)) from None
+    expand_kinds(raw, TetherConfig, fill=True)
+    error = check_fields(raw, TetherConfig, "")
+    if error:
+        raise ConfigError(error)
+    cfg = msgspec.convert(raw, TetherConfig)  # every field was checked above: this cannot fail
     errors = check_ranges(cfg)
     if errors:
         raise ConfigError(errors[0])
@@ -80,6 +86,7 @@ def read_preset(path: str | os.PathLike, seen: tuple[Path, ...] = ()) -> dict:
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
     base = loaded.pop("base", None)
+    expand_kinds(loaded, TetherConfig)
     if base is None:
         return loaded
     if not isinstance(base, str) or not base:
@@ -93,53 +100,107 @@ def read_preset(path: str | os.PathLike, seen: tuple[Path, ...] = ()) -> dict:
 
 
 def merge(base: dict, over: dict) -> dict:
-    """`over` on top of `base`, section by section."""
+    """`over` on top of `base`, section by section; a section naming another kind replaces."""
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if (isinstance(value, dict) and isinstance(out.get(key), dict)
+                and value.get("kind", out[key].get("kind")) == out[key].get("kind")):
             value = merge(out[key], value)
         out[key] = value
     return out
 
 
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+def expand_kinds(raw: dict, cls: type, fill: bool = False) -> None:
+    """In place: every family section given as a kind's name alone becomes `{kind: name}`; with
+    `fill`, a family section naming no kind gets its default's kind."""
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    for name, value in raw.items():
+        f = fields.get(name)
+        if f is None:
+            continue
+        kinds = kinds_of(f.type)
+        if kinds is not None and isinstance(value, str):
+            raw[name] = value = {"kind": value}
+        if kinds is not None and isinstance(value, dict):
+            if fill and "kind" not in value:
+                value["kind"] = f.default_factory().kind
+            if value.get("kind") in kinds:
+                expand_kinds(value, kinds[value["kind"]], fill)
+        elif _is_section(f.type) and isinstance(value, dict):
+            expand_kinds(value, f.type, fill)
 
 
-def _explain(message: str, raw: dict) -> str:
-    """msgspec's `Expected `int` >= 1 - at `$.learner.max_steps`` as today's one line that names
-    the field: `learner.max_steps must be >= 1, got 0`."""
-    m = _AT.match(message)
-    what, parts = m["what"], [p for p in (m["path"] or "").split(".") if p]
-    key = ".".join(parts)
-    unknown = re.match(r"Object contains unknown field `(.*)`$", what)
-    if unknown:
-        known = sorted(f.name for f in msgspec.structs.fields(_field_type(parts)))
-        return (f"unknown config key {'.'.join([*parts, unknown[1]])!r} "
-                f"(known in this section: {', '.join(known)})")
-    value = raw
-    for part in parts:
-        value = value[part]
-    typed = re.match(r"Expected `(\w+)`, got `\w+`$", what)
-    if typed:
-        expected = "a mapping" if typed[1] == "object" else typed[1]
-        return f"{key} must be {expected}, got {value!r}"
-    hint = _field_type(parts)
-    if typing.get_origin(hint) is typing.Literal:
-        return f"{key} must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
+def _is_section(hint: object) -> bool:
+    return isinstance(hint, type) and issubclass(hint, msgspec.Struct)
+
+
+def check_fields(raw: object, cls: type, key: str) -> str | None:
+    """The first field of `raw` that `cls` (a section) does not accept, as one line naming it;
+    None when every field is valid. Keys are joined to `key` (the section's own dotted key)."""
+    if not isinstance(raw, dict):
+        return f"{key} must be a mapping, got {raw!r}"
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    tagged = issubclass(cls, Kind)
+    for name, value in raw.items():
+        sub = f"{key}.{name}" if key else str(name)
+        if tagged and name == "kind":
+            continue
+        if name not in fields:
+            where = f" for {key} kind {cls.__struct_config__.tag}" if tagged else ""
+            return (f"unknown config key {sub!r}{where} (known in this section: "
+                    f"{', '.join(sorted(fields)) or 'none'})")
+        error = _check_value(value, fields[name].type, sub)
+        if error:
+            return error
+    for name, f in fields.items():
+        if f.required and name not in raw:
+            what = f" to {rule(unwrap(f.type)[1])}" if unwrap(f.type)[1] else ""
+            return (f"{key}.{name} must be set{what} when {key} is "
+                    f"{cls.__struct_config__.tag}")
+    return None
+
+
+def _check_value(value: object, hint: object, key: str) -> str | None:
+    """One field's value against its annotation (a section, a family of kinds or a leaf)."""
+    kinds = kinds_of(hint)
+    if kinds is not None:
+        kind = value.get("kind") if isinstance(value, dict) else value
+        if not isinstance(kind, str) or kind not in kinds:
+            return f"{key} must be one of {', '.join(kinds)}, got {kind!r}"
+        return check_fields(value, kinds[kind], key)
+    if _is_section(hint):
+        return check_fields(value, hint, key)
+    literal = typing.get_origin(hint) is typing.Literal
     base, meta = unwrap(hint)
-    if meta is None:
-        return f"{key}: {what}"
-    if base is float and isinstance(value, int):
-        value = float(value)
-    return f"{key} must be {rule(meta)}, got {value!r}"
+    if literal:
+        base = type(typing.get_args(hint)[0])
+    if not _accepts(base, value):
+        return f"{key} must be {_type_name(base)}, got {value!r}"
+    if literal and not _accepts(hint, value):
+        return f"{key} must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
+    if meta is not None and not _accepts(hint, value):
+        if base is float and isinstance(value, int):
+            value = float(value)
+        return f"{key} must be {rule(meta)}, got {value!r}"
+    return None
 
 
-def _field_type(parts: list[str]) -> object:
-    """The annotation of the field at `parts` (`TetherConfig` itself for no parts)."""
-    hint: object = TetherConfig
-    for part in parts:
-        hint = {f.name: f.type for f in msgspec.structs.fields(hint)}[part]
-    return hint
+def _accepts(hint: object, value: object) -> bool:
+    try:
+        msgspec.convert(value, hint)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _type_name(base: object) -> str:
+    """`int`, `a mapping` (dict), `float or null` (`float | None`)."""
+    if base is dict:
+        return "a mapping"
+    args = typing.get_args(base)
+    if args:
+        return " or ".join("null" if a is type(None) else a.__name__ for a in args)
+    return getattr(base, "__name__", str(base))
 
 
 def unwrap(hint: object) -> tuple[object, msgspec.Meta | None]:
@@ -176,30 +237,55 @@ def save_config(cfg: TetherConfig, path: str | os.PathLike) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of a config section."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
+    """The docstring written under each field of a config section (its bases' fields too)."""
     docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
-            docs[stmt.target.id] = str(nxt.value.value).strip()
+    for klass in reversed(cls.__mro__):
+        if not issubclass(klass, msgspec.Struct) or klass.__module__ == "msgspec":
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for stmt, nxt in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+                docs[stmt.target.id] = str(nxt.value.value).strip()
     return docs
 
 
+def default_of(f: msgspec.structs.FieldInfo) -> object:
+    """A field's default value (msgspec.NODEFAULT when the field is required)."""
+    return f.default_factory() if f.default_factory is not msgspec.NODEFAULT else f.default
+
+
 def describe(cls: type = TetherConfig, prefix: str = "") -> list[str]:
-    """One line per leaf field: `key (default): doc`, for --help."""
+    """One line per leaf field: `key = default` and its doc, for --help. A family's line lists
+    its kinds; each kind's field follows once, tagged with the kinds having it: `[vllm, sglang]`."""
     lines: list[str] = []
     docs = field_docs(cls)
-    default = cls()
     for f in msgspec.structs.fields(cls):
-        value = getattr(default, f.name)
-        if isinstance(value, msgspec.Struct):
-            lines.extend(describe(type(value), prefix + f.name + "."))
+        value, kinds = default_of(f), kinds_of(f.type)
+        if kinds is not None:
+            lines.append(f"  {prefix}{f.name} = {value.kind!r}\n      {docs.get(f.name, '')} "
+                         f"(kinds: {', '.join(kinds)})")
+            lines.extend(_describe_kinds(kinds, f"{prefix}{f.name}."))
+        elif _is_section(f.type):
+            lines.extend(describe(f.type, prefix + f.name + "."))
         else:
-            lines.append(f"  {prefix}{f.name} = {value!r}\n      {docs.get(f.name, '')}")
+            lines.append(_leaf(prefix + f.name, value, docs.get(f.name, "")))
     return lines
 
+
+def _describe_kinds(kinds: dict[str, type], prefix: str) -> list[str]:
+    fields: dict[str, tuple[msgspec.structs.FieldInfo, str, list[str]]] = {}
+    for kind, section in kinds.items():
+        docs = field_docs(section)
+        for f in msgspec.structs.fields(section):
+            fields.setdefault(f.name, (f, docs.get(f.name, ""), []))[2].append(kind)
+    return [_leaf(prefix + name, default_of(f), f"[{', '.join(owners)}] {doc}")
+            for name, (f, doc, owners) in fields.items()]
+
+
+def _leaf(key: str, value: object, doc: str) -> str:
+    shown = "required" if value is msgspec.NODEFAULT else repr(value)
+    return f"  {key} = {shown}\n      {doc}"
 
 
 def setup_process(tag: str) -> None:

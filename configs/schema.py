@@ -23,25 +23,24 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-TOOLS = ("calc", "python")
-"""Tools the `tools` agent can offer (actors/tools.py)."""
+from configs.agents import (TOOLS, AgentConfig, EndpointAgentConfig, EnvironmentAgentConfig,
+                            MultiTurnAgentConfig, OpenAIAgentConfig, SingleTurnAgentConfig,
+                            ToolsAgentConfig, VerifiersAgentConfig)
+from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackendConfig,
+                              SingleBackendConfig)
+from configs.base import Count, Kind, NonNegative, Port, Positive, Section
+from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
+                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig,
+                             vllm_engine_arg_errors)
 
-Count = Annotated[int, Meta(ge=1)]
-"""An int >= 1."""
-NonNegative = Annotated[int, Meta(ge=0)]
-"""An int >= 0."""
-Positive = Annotated[float, Meta(gt=0)]
-"""A float > 0."""
-Port = Annotated[int, Meta(ge=0, le=65535)]
-"""A TCP port; 0 = pick a free one."""
-_TOOL = "|".join(TOOLS)
-ToolList = Annotated[str, Meta(pattern=rf"^\s*({_TOOL})\s*(,\s*({_TOOL})\s*)*$",
-                               description=f"a comma-separated subset of {TOOLS}")]
-"""Comma-separated names from TOOLS."""
-
-
-class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A config section: keyword-only, and an unknown key is an error."""
+__all__ = [  # the per-kind sections, importable from here too
+    "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
+    "EnvironmentAgentConfig", "FSDP2BackendConfig", "HFEngineConfig", "Kind",
+    "MegatronBackendConfig", "MultiTurnAgentConfig", "NonNegative", "OpenAIAgentConfig", "Port",
+    "Positive", "SGLangEngineConfig", "Section", "SimulatedEngineConfig", "SingleBackendConfig",
+    "SingleTurnAgentConfig", "StreamingEngineConfig", "ToolsAgentConfig", "VLLMEngineConfig",
+    "VerifiersAgentConfig",
+]
 
 
 class ModelConfig(Section):
@@ -54,8 +53,8 @@ class ModelConfig(Section):
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype of learner forward passes, the reference and critic, and rollout engines:
-    auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 (master weights stay fp32)."""
+    """Compute dtype of learner, reference, critic and engines: auto (bfloat16 on CUDA, float32
+    on CPU) | float32 | bfloat16 (master weights stay fp32)."""
     ref_path: str = ""
     """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
@@ -217,14 +216,9 @@ class LearnerConfig(Section):
     True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
-    backend: Literal["single", "fsdp2", "megatron"] = "single"
+    backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
     """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
     (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
-    megatron_tp: Count = 1
-    """megatron: tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
-    megatron_pp: Count = 1
-    """megatron: pipeline-parallel size (stages of consecutive layers); the data-parallel size is
-    torchrun ranks / (megatron_tp * megatron_pp)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
     cpu_placement: Literal["shared", "split"] = "shared"
@@ -232,9 +226,7 @@ class LearnerConfig(Section):
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
     pinned, torch threads = its cores; docs/operations.md)."""
     collective_timeout_s: Positive = 1800.0
-    """Timeout of every collective between the learner's ranks (NCCL / gloo process group): a rank
-    that waits longer for the others fails the run. Rank 0's long solo work (final export,
-    evaluation) runs after the others have left the group, so this only bounds real hangs."""
+    """Timeout of every collective between the learner's ranks."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
@@ -272,60 +264,13 @@ class LearnerConfig(Section):
 class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
-    engine: Literal["hf", "vllm", "sglang", "simulated"] = "hf"
+    engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
     """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
-    update_mode: Literal["wait", "keep", "abort"] = "keep"
-    """vllm, sglang: how new weights reach running requests: wait (finish them first) | keep (pause,
-    swap, recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
-    resubmit prompt + generated prefix). The hf engine always waits for its running batch."""
-    vllm_kv_cache_gb: Positive = 1.0
-    """vllm: KV cache size in GiB (CPU or GPU memory)."""
-    vllm_enforce_eager: bool = True
-    """vllm: skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
-    vllm_max_num_seqs: Count = 256
-    """vllm: most sequences the scheduler runs at once."""
-    hf_logprobs: Literal["forward", "sampling"] = "forward"
-    """hf: behavior logprobs from one more full forward over prompt + completion (forward:
-    batch-invariant and equal to the learner's recomputation, which η = 0's bitwise guarantees
-    need) or from the sampling steps' own KV-cache logits (sampling: no extra pass; differs
-    from the learner's by float rounding). docs/operations.md has the cost."""
-    sglang_max_total_tokens: NonNegative = 0
-    """sglang: KV cache size in tokens (0 = SGLang sizes it from sglang_mem_fraction_static)."""
-    sglang_mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """sglang: fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
     groups_per_request: Count = 8
     """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
     the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
-    agent: Literal["single_turn", "tools", "openai", "environment", "verifiers"] = "single_turn"
+    agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
     """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
-    tools: ToolList = "calc"
-    """Comma-separated tools of the `tools` agent: calc (integer sums) | python (limited subprocess)."""
-    max_turns: Count = 4
-    """Multi-turn agents: most model turns (generations) per sample."""
-    max_total_tokens: int = 48
-    """Multi-turn agents: most completion tokens (model + tool) per sample; the learner refuses more."""
-    tool_timeout_s: Positive = 5.0
-    """Wall-clock limit of one tool call (python: also its CPU limit); a timeout is an error message."""
-    tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
-    """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
-    python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start without bwrap) | rlimits (limits only: unsafe)."""
-    tool_max_procs: Count = 16
-    """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
-    tool_parser: Literal["tether", "hermes"] = "tether"
-    """How a model turn's tool calls are parsed (tools and openai agents): tether (`<call> NAME ARG </call>`, the tiny models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
-    openai_port: Port = 0
-    """openai agent: port of the actor's chat-completions endpoint on 127.0.0.1 (0 = any free port)."""
-    openai_agent: str = ""
-    """openai agent: your module:function, called as fn(base_url, messages) (sync or async) per sample."""
-    environment: str = ""
-    """environment agent: module:attribute of the environment (rollout through an OpenAI client + rubric; docs/agents.md)."""
-    sim_latency_mean_s: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: mean seconds per request (lognormal; a batch waits for its slowest)."""
-    sim_latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
-    """simulated engine: lognormal sigma of the request latency (0 = constant)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """hf engine device: auto (CUDA when present, else cpu) | cpu | cuda (vllm uses its wheel's platform)."""
 
 
 class BufferConfig(Section):
@@ -387,17 +332,14 @@ GpuIndex = Annotated[int, Meta(ge=0)]
 
 class PlacementConfig(Section):
     gpus_per_node: NonNegative = 0
-    """GPUs of each node (0 = count them with NVML when the learner starts). Stated in GPU
-    presets so that their placement is checked when the config loads."""
+    """GPUs of each node (0 = count them at start; stated: checked at load)."""
     learner: Annotated[str, Meta(pattern=r"^(auto|\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*)$",
                                  description='auto or GPU indices and ranges, e.g. "0-3"')] | GpuIndex = "auto"
-    """GPUs of the learner's ranks on its node, one per local rank in order, e.g. "0-3" (auto: the
-    first LOCAL_WORLD_SIZE GPUs; none when the learner runs on the CPU)."""
+    """The learner's GPUs, one per local rank, e.g. "0-3" (auto: the first ones)."""
     actors: list[GpuList | GpuIndex] = []
-    """GPUs of each local actor's engine, e.g. ["4,5", "6,7"], as many as the engine spans (its
-    tensor-parallel size) ([] = auto: consecutive blocks after the learner's GPUs)."""
+    """Each local actor's GPUs, e.g. ["4,5", "6,7"] ([] = auto: after the learner's)."""
     scorers: list[GpuList | GpuIndex] = []
-    """GPUs of each reward scorer process on the learner's node ([] = none)."""
+    """Each reward scorer's GPUs ([] = none)."""
 
 
 class TetherConfig(Section):
@@ -436,9 +378,10 @@ BUILTIN_TASKS: dict[str, str] = {
 def max_completion_tokens(cfg: TetherConfig) -> int:
     """Most completion tokens one sample may have: one turn for single-turn agents, the
     multi-turn budget (model + tool tokens) otherwise. The learner refuses longer samples."""
-    if cfg.actors.agent == "single_turn":
-        return cfg.task.max_new_tokens
-    return cfg.actors.max_total_tokens
+    agent = cfg.actors.agent
+    if isinstance(agent, MultiTurnAgentConfig):
+        return agent.max_total_tokens
+    return cfg.task.max_new_tokens
 
 
 def check_ranges(cfg: TetherConfig) -> list[str]:
@@ -451,39 +394,42 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
             errors.append(f"{key} must be {rule}, got {value!r}")
 
     L, A, T = cfg.learner, cfg.actors, cfg.transport
+    agent, task = A.agent, cfg.task
     need(L.dual_clip == 0 or L.dual_clip > 1, "learner.dual_clip", "0 (off) or > 1", L.dual_clip)
     need(L.prompts_per_step % L.minibatches == 0, "learner.minibatches",
          f">= 1 and divide learner.prompts_per_step={L.prompts_per_step}", L.minibatches)
-    need(L.backend != "megatron" or (L.kl_coef == 0 and L.entropy_coef == 0
-                                     and L.advantage not in ("gae", "vtrace")),
-         "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
-         "(not built for megatron yet)", L.backend)
-    need(L.lora.rank == 0 or L.backend != "megatron", "learner.backend",
-         "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)", L.backend)
-    world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
-    need(L.backend != "megatron" or not world or world % (L.megatron_tp * L.megatron_pp) == 0,
-         "learner.megatron_tp * learner.megatron_pp",
-         f"a divisor of the torchrun world size {world}", L.megatron_tp * L.megatron_pp)
-    need(A.max_total_tokens >= cfg.task.max_new_tokens, "actors.max_total_tokens",
-         f">= task.max_new_tokens={cfg.task.max_new_tokens}", A.max_total_tokens)
-    need(A.agent != "openai" or ":" in A.openai_agent, "actors.openai_agent",
-         "module:function when actors.agent is openai", A.openai_agent)
-    need(A.agent != "environment" or ":" in (A.environment or cfg.task.environment),
-         "actors.environment", "module:attribute (or task.environment set) when actors.agent is "
-         "environment", A.environment)
-    need(cfg.task.name != "environment" or ":" in cfg.task.environment, "task.environment",
-         "module:attribute when task.name is environment", cfg.task.environment)
-    need(cfg.task.name != "environment" or A.agent == "environment", "actors.agent",
-         "environment when task.name is environment (its rubric scores the rollouts)", A.agent)
-    need((A.agent == "verifiers") == (cfg.task.name == "verifiers"), "actors.agent",
+    if isinstance(L.backend, MegatronBackendConfig):
+        need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
+             "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
+             "(not built for megatron yet)", L.backend.kind)
+        need(L.lora.rank == 0, "learner.backend",
+             "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)",
+             L.backend.kind)
+        world = int(os.environ.get("WORLD_SIZE", "0"))  # known only under torchrun
+        need(not world or world % (L.backend.tp * L.backend.pp) == 0,
+             "learner.backend.tp * learner.backend.pp",
+             f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
+    if isinstance(agent, MultiTurnAgentConfig):
+        need(agent.max_total_tokens >= task.max_new_tokens, "actors.agent.max_total_tokens",
+             f">= task.max_new_tokens={task.max_new_tokens}", agent.max_total_tokens)
+    if isinstance(agent, EnvironmentAgentConfig):
+        need(":" in (agent.environment or task.environment), "actors.agent.environment",
+             "module:attribute (or task.environment set) when actors.agent is environment",
+             agent.environment)
+    need(task.name != "environment" or ":" in task.environment, "task.environment",
+         "module:attribute when task.name is environment", task.environment)
+    need(task.name != "environment" or isinstance(agent, EnvironmentAgentConfig), "actors.agent",
+         "environment when task.name is environment (its rubric scores the rollouts)", agent.kind)
+    need(isinstance(agent, VerifiersAgentConfig) == (task.name == "verifiers"), "actors.agent",
          "verifiers exactly when task.name is verifiers (its taskset's tasks are what the agent "
-         "plays)", A.agent)
-    need(cfg.task.name != "verifiers" or bool(cfg.task.verifiers_env), "task.verifiers_env",
+         "plays)", agent.kind)
+    need(task.name != "verifiers" or bool(task.verifiers_env), "task.verifiers_env",
          "module:attribute or a verifiers environment id when task.name is verifiers",
-         cfg.task.verifiers_env)
-    need(cfg.task.name != "environment" or A.environment in ("", cfg.task.environment),
-         "actors.environment", f"empty or task.environment={cfg.task.environment!r} when "
-         "task.name is environment", A.environment)
+         task.verifiers_env)
+    if task.name == "environment" and isinstance(agent, EnvironmentAgentConfig):
+        need(agent.environment in ("", task.environment), "actors.agent.environment",
+             f"empty or task.environment={task.environment!r} when task.name is environment",
+             agent.environment)
     need(cfg.buffer.capacity_groups >= L.prompts_per_step, "buffer.capacity_groups",
          f">= learner.prompts_per_step={L.prompts_per_step}", cfg.buffer.capacity_groups)
     need(cfg.task.name != "gsm8k" or bool(cfg.task.data_path), "task.data_path",
@@ -517,18 +463,22 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
     errors += placement_errors(cfg)
+    if isinstance(A.engine, VLLMEngineConfig):
+        errors += vllm_engine_arg_errors(A.engine.engine_args)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     return errors
 
 
 def engine_gpus(cfg: TetherConfig, node_gpus: int) -> int:
-    """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: none for the
-    simulated engine, an HF engine on the CPU, or a node without GPUs."""
-    A = cfg.actors
-    if node_gpus == 0 or A.engine == "simulated" or (A.engine == "hf" and A.device == "cpu"):
+    """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: vLLM's
+    tensor_parallel_size, SGLang's tp_size, one HF engine GPU; none for the simulated engine,
+    an HF engine on the CPU, or a node without GPUs."""
+    E = cfg.actors.engine
+    if node_gpus == 0 or E.kind == "simulated" or (E.kind == "hf" and E.device == "cpu"):
         return 0
-    return 1
+    return {"vllm": lambda: E.tensor_parallel_size, "sglang": lambda: E.tp_size}.get(
+        E.kind, lambda: 1)()
 
 
 def placement_errors(cfg: TetherConfig) -> list[str]:

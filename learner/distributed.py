@@ -165,14 +165,14 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
     if L.kl_coef > 0 and policy is not None and policy.lora is not None and not M.ref_path:
         out.reference = FrozenBase(policy)  # the policy with its adapters off: no second copy
     elif L.kl_coef > 0:
-        out.reference = make_backend(L.backend, Path(M.ref_path or M.path), 0.0, 0.0, L.seed,
-                                     ranks, dtype)
+        out.reference = make_backend(L.backend.kind, Path(M.ref_path or M.path), 0.0, 0.0,
+                                     L.seed, ranks, dtype)
         out.reference.model.requires_grad_(False)
         out.reference.model.eval()
     if needs_critic(cfg):
         path = Path(M.critic_path or M.path)
-        out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed, ranks,
-                                  dtype, model=ValueModel(path))
+        out.critic = make_backend(L.backend.kind, path, L.critic_lr, L.weight_decay, L.seed,
+                                  ranks, dtype, model=ValueModel(path))
     return out
 
 

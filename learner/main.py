@@ -72,7 +72,7 @@ def run(cfg: TetherConfig) -> dict | None:
     on_cuda = devices.resolve_device(L.device, "learner.device").type == "cuda"  # NVML only
     placement = node_placement(cfg, on_cuda)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    ranks = distributed.start(L.backend, L.device,
+    ranks = distributed.start(L.backend.kind, L.device,
                               gpu=placement.learner[local_rank][0] if placement.learner else None,
                               timeout_s=L.collective_timeout_s)
     devices.limit_cpu_threads(ranks.device)
@@ -87,9 +87,10 @@ def run(cfg: TetherConfig) -> dict | None:
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
-    backend = distributed.make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks,
-                                       devices.torch_dtype(cfg.model.dtype), tp=L.megatron_tp,
-                                       pp=L.megatron_pp, lora=L.lora)
+    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
+    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
+                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
+                                       pp=tp_pp[1], lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)

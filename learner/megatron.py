@@ -27,7 +27,7 @@ Optimizer: torch AdamW, not Megatron's DistributedOptimizer (that needs Megatron
 buffers, which are CUDA-only); optimizer state is therefore replicated over data-parallel ranks.
 On CPU (gloo) the redirects in learner/megatron_cpu.py apply; with CUDA the same code runs on
 NCCL. Checkpoints are torch.distributed.checkpoint directories keyed by (TP rank, PP stage):
-resume needs the same learner.megatron_tp and megatron_pp (the data-parallel size may change).
+resume needs the same learner.backend.tp and pp (the data-parallel size may change).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class MegatronBackend:
 
         world = dist.get_world_size()
         if world % (tp * pp):
-            raise ValueError(f"learner.megatron_tp * learner.megatron_pp = {tp * pp} must divide "
+            raise ValueError(f"learner.backend.tp * learner.backend.pp = {tp * pp} must divide "
                              f"the number of torchrun ranks {world}")
         self.model_dir = Path(model_dir)
         self.hf = AutoConfig.from_pretrained(self.model_dir)
@@ -267,8 +267,8 @@ class MegatronBackend:
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         if meta.get("backend") != "megatron" or (meta["tp"], meta["pp"]) != (self.tp, self.pp):
             raise ValueError(f"checkpoint {path} was written by {meta or 'another backend'}; "
-                             f"learner.backend=megatron with megatron_tp={self.tp}, "
-                             f"megatron_pp={self.pp} can resume only its own checkpoints")
+                             f"learner.backend megatron with tp={self.tp}, "
+                             f"pp={self.pp} can resume only its own checkpoints")
         if meta["optimizer"]:
             for p in self.model.parameters():  # AdamW's state, to be overwritten by the load
                 self.optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32),

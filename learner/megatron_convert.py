@@ -35,9 +35,9 @@ def check_supported(hf, tp: int, pp: int) -> None:
                     ("num_key_value_heads", hf.num_key_value_heads),
                     ("intermediate_size", hf.intermediate_size), ("vocab_size", hf.vocab_size)):
         if n % tp:
-            raise ValueError(f"learner.megatron_tp={tp} must divide the model's {what}={n}")
+            raise ValueError(f"learner.backend.tp={tp} must divide the model's {what}={n}")
     if hf.num_hidden_layers % pp:
-        raise ValueError(f"learner.megatron_pp={pp} must divide the model's "
+        raise ValueError(f"learner.backend.pp={pp} must divide the model's "
                          f"num_hidden_layers={hf.num_hidden_layers}")
 
 

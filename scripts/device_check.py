@@ -165,7 +165,7 @@ def placement(ns, work: Path, tiny: Path) -> dict:
     ok = stated.returncode == 2 and stated.stderr.count("\n") <= 1 and (
         "GPU 0 is given to both learner rank 0 and actor 0" in stated.stderr)
     if not ns.dry_run:
-        started = subprocess.run([*base, "learner.device=cuda", "actors.device=cuda",
+        started = subprocess.run([*base, "learner.device=cuda", "actors.engine.device=cuda",
                                   "actors.num_local=1"], capture_output=True, text=True,
                                  timeout=120, env=_env(), cwd=ROOT)
         line = started.stderr.strip().splitlines()[-1] if started.stderr.strip() else ""
@@ -179,7 +179,7 @@ FORK_CHILD = """
 import json, os, sys, torch
 sys.path.insert(0, sys.argv[1])
 from models import devices
-dev = devices.resolve_device("auto", "actors.device")   # what an actor asks: NVML only
+dev = devices.resolve_device("auto", "actors.engine.device")   # what an actor asks: NVML only
 if sys.argv[2] == "control":
     torch.zeros(1, device=dev)                            # CUDA initialised before the fork
 pid = os.fork()
@@ -402,7 +402,7 @@ def actor_run(ns, work: Path, tiny: Path) -> dict:
     steps = 2 if ns.dry_run else ns.actor_steps
     r = subprocess.run([sys.executable, "-m", "learner", "-c",
                         str(ROOT / "configs" / "toy_reverse.yaml"), f"model.path={tiny}",
-                        f"run_dir={run}", "learner.device=cpu", f"actors.device={device}",
+                        f"run_dir={run}", "learner.device=cpu", f"actors.engine.device={device}",
                         "actors.num_local=1", "model.dtype=bfloat16", f"learner.max_steps={steps}",
                         "task.eval_prompts=16", "learner.checkpoint_every=0"],
                        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)

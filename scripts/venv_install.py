@@ -2,10 +2,12 @@
 
     VENV/bin/python scripts/venv_install.py install ARGS...     # uv pip install ARGS into VENV
     VENV/bin/python scripts/venv_install.py uninstall ARGS...   # uv pip uninstall ARGS
+    VENV/bin/python scripts/venv_install.py compile ARGS...     # uv pip compile ARGS for VENV's python
 
-Run by scripts/env.sh and scripts/env_sglang.sh with the venv's own python. uv resolves to the
-same versions as pip (`--index-strategy unsafe-best-match`: every index is searched for the best
-version, as pip does) and installs them in parallel: .venv with all of test.sh's extras took
+Run by scripts/env.sh and scripts/env_sglang.sh with the venv's own python (`install`, the lock
+as a constraint file), and by scripts/lock.sh (`compile`), which writes the locks. uv resolves to
+the same versions as pip (`--index-strategy unsafe-best-match`: every index is searched for the
+best version, as pip does) and installs them in parallel: .venv with all of test.sh's extras took
 36 s with uv (its cache empty) and ~117 s with pip on this 2-core machine. uv is installed into
 the venv with pip first (one small wheel). uv does not read pip's configuration, so the indexes,
 find-links and constraint files pip would use (`pip config list`: its config files and PIP_*
@@ -51,11 +53,13 @@ def main(command: str, *args: str) -> int:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", UV], check=True)
     base = [str(uv), "pip", command, "--python", sys.executable, "--quiet"]
     if command == "install":
-        base += ["--compile-bytecode", "--index-strategy", "unsafe-best-match", *pip_sources()]
+        base += ["--compile-bytecode"]
+    if command in ("install", "compile"):
+        base += ["--index-strategy", "unsafe-best-match", *pip_sources()]
     return subprocess.run([*base, *args]).returncode
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("install", "uninstall"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("install", "uninstall", "compile"):
         raise SystemExit(__doc__)
     sys.exit(main(*sys.argv[1:]))

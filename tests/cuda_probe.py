@@ -74,7 +74,7 @@ def probe(engine: str, model_dir: Path) -> dict:
 
     overrides = [f"actors.engine={engine}", f"model.path={model_dir}"]
     if engine == "hf":
-        overrides.append("actors.device=cuda")
+        overrides.append("actors.engine.device=cuda")
     cfg = load_config(ROOT / "configs" / "toy_reverse.yaml", overrides)
     out: dict = {"engine": engine}
     try:

@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from buffer.record import TrajGroup
 from configs.loader import load_config
+from configs.schema import FSDP2BackendConfig
 from learner import distributed
 from learner.trainer import Trainer
 
@@ -90,7 +91,7 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 def make(cfg, ranks):
     from models.devices import torch_dtype
 
-    cfg.learner.backend = "fsdp2"  # the critic and reference too (make_models)
+    cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
     backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
                                        L.seed, ranks, torch_dtype(cfg.model.dtype), lora=L.lora)

@@ -25,17 +25,22 @@ def test_every_shipped_preset_is_valid(preset):
 
 @pytest.mark.parametrize("override, expected", [
     (["actors.engine=tgi"], "actors.engine must be one of"),
-    (["actors.sglang_mem_fraction_static=1.5"], "actors.sglang_mem_fraction_static must be in"),
-    (["actors.sglang_max_total_tokens=-1"], "actors.sglang_max_total_tokens must be >= 0"),
+    (["actors.engine=sglang", "actors.engine.mem_fraction_static=1.5"],
+     "actors.engine.mem_fraction_static must be in"),
+    (["actors.engine=sglang", "actors.engine.max_total_tokens=-1"],
+     "actors.engine.max_total_tokens must be >= 0"),
     (["learner.advantage=vtrace", "learner.correction=decoupled"],
      "learner.correction must be none or mask with learner.advantage=vtrace"),
     (["learner.policy_loss=cispo", "learner.correction=tis"], "learner.policy_loss must be ppo"),
     (["task.overlong_buffer=6"], "task.overlong_buffer must be <= the completion budget 5"),
     (["learner.kl_estimator=k4"], "learner.kl_estimator must be one of"),
     (["learner.gamma=1.5"], "learner.gamma must be in"),
-    (["actors.update_mode=later"], "actors.update_mode must be one of"),
+    (["actors.engine=vllm", "actors.engine.update_mode=later"],
+     "actors.engine.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
-    (["actors.vllm_kv_cache_gb=0"], "actors.vllm_kv_cache_gb must be > 0"),
+    (["actors.engine=vllm", "actors.engine.kv_cache_gb=-0.5"], "actors.engine.kv_cache_gb must be >= 0"),
+    (["actors.engine.kv_cache_gb=1"], "unknown config key 'actors.engine.kv_cache_gb' for actors.engine kind hf"),
+    (["learner.backend.tp=2"], "unknown config key 'learner.backend.tp' for learner.backend kind single"),
     (["task.name=gsm8k"], "task.data_path must be set (a JSONL file) when task.name is gsm8k"),
     (["learner.foo=1"], "unknown config key 'learner.foo'"),
     (["nosuch.x=1"], "unknown config key 'nosuch'"),
@@ -45,7 +50,7 @@ def test_every_shipped_preset_is_valid(preset):
     (["max_staleness=-1"], "max_staleness must be >= 0, got -1"),
     (["learner.correction=magic"], "learner.correction must be one of"),
     (["learner.minibatches=3"], "learner.minibatches must be"),
-    (["learner.megatron_tp=0"], "learner.megatron_tp must be >= 1, got 0"),
+    (["learner.backend=megatron", "learner.backend.tp=0"], "learner.backend.tp must be >= 1, got 0"),
     (["learner.backend=deepspeed"], "learner.backend must be one of single, fsdp2, megatron"),
     (["learner.lr"], "must look like section.field=value"),
     (["transport.kind=inproc", "actors.num_local=0"], "actors.num_local must be >= 1 with transport.kind=inproc"),
@@ -59,20 +64,35 @@ def test_bad_overrides_name_the_field(override, expected):
 
 @pytest.mark.parametrize("override, expected", [
     (["actors.agent=langchain"], "actors.agent must be one of single_turn, tools, openai"),
-    (["actors.tools=calc,shell"], "actors.tools must be a comma-separated subset of"),
-    (["actors.max_turns=0"], "actors.max_turns must be >= 1, got 0"),
-    (["actors.max_total_tokens=4"], "actors.max_total_tokens must be >= task.max_new_tokens=5, got 4"),
-    (["actors.tool_timeout_s=0"], "actors.tool_timeout_s must be > 0, got 0.0"),
-    (["actors.tool_memory_mb=16"], "actors.tool_memory_mb must be >= 64, got 16"),
-    (["actors.openai_port=70000"], "actors.openai_port must be in [0, 65535], got 70000"),
-    (["actors.openai_port=-1"], "actors.openai_port must be in [0, 65535], got -1"),
-    (["actors.agent=openai"], "actors.openai_agent must be module:function when actors.agent is openai"),
-    (["actors.agent=openai", "actors.openai_agent=my_agent"], "actors.openai_agent must be module:function"),
-    (["actors.max_turns=two"], "actors.max_turns must be int, got 'two'"),
-    (["actors.agent=environment"], "actors.environment must be module:attribute (or task.environment set) when actors.agent is environment"),
-    (["actors.tool_parser=qwen"], "actors.tool_parser must be one of tether, hermes"),
-    (["actors.python_sandbox=docker"], "actors.python_sandbox must be one of bwrap, rlimits"),
-    (["actors.tool_max_procs=0"], "actors.tool_max_procs must be >= 1, got 0"),
+    (["actors.agent=tools", "actors.agent.tools=calc,shell"],
+     "actors.agent.tools must be a comma-separated subset of"),
+    (["actors.agent=tools", "actors.agent.max_turns=0"], "actors.agent.max_turns must be >= 1, got 0"),
+    (["actors.agent=tools", "actors.agent.max_total_tokens=4"],
+     "actors.agent.max_total_tokens must be >= task.max_new_tokens=5, got 4"),
+    (["actors.agent=tools", "actors.agent.tool_timeout_s=0"],
+     "actors.agent.tool_timeout_s must be > 0, got 0.0"),
+    (["actors.agent=tools", "actors.agent.tool_memory_mb=16"],
+     "actors.agent.tool_memory_mb must be >= 64, got 16"),
+    (["actors.agent=openai", "actors.agent.function=m:f", "actors.agent.port=70000"],
+     "actors.agent.port must be in [0, 65535], got 70000"),
+    (["actors.agent=openai", "actors.agent.function=m:f", "actors.agent.port=-1"],
+     "actors.agent.port must be in [0, 65535], got -1"),
+    (["actors.agent=openai"], "actors.agent.function must be set to module:function when actors.agent is openai"),
+    (["actors.agent=openai", "actors.agent.function=my_agent"],
+     "actors.agent.function must be module:function, got 'my_agent'"),
+    (["actors.agent=tools", "actors.agent.max_turns=two"], "actors.agent.max_turns must be int, got 'two'"),
+    (["actors.agent=environment"], "actors.agent.environment must be module:attribute (or task.environment set) when actors.agent is environment"),
+    (["actors.agent=tools", "actors.agent.tool_parser=qwen"],
+     "actors.agent.tool_parser must be one of tether, hermes"),
+    (["actors.agent=openai", "actors.agent.function=m:f", "actors.agent.tool_parser=qwen"],
+     "actors.agent.tool_parser must be one of tether, hermes"),
+    (["actors.agent=tools", "actors.agent.python_sandbox=docker"],
+     "actors.agent.python_sandbox must be one of bwrap, rlimits"),
+    (["actors.agent=tools", "actors.agent.tool_max_procs=0"],
+     "actors.agent.tool_max_procs must be >= 1, got 0"),
+    (["actors.agent.max_turns=2"], "unknown config key 'actors.agent.max_turns' for actors.agent kind single_turn"),
+    (["actors.agent=openai", "actors.agent.function=m:f", "actors.agent.tools=calc"],
+     "unknown config key 'actors.agent.tools' for actors.agent kind openai"),
 ])
 def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")
@@ -82,10 +102,49 @@ def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
 
 def test_good_agent_fields_load():
     cfg = load_config(PRESET, ["actors.agent=openai", "task.max_new_tokens=12",
-                               "actors.openai_agent=actors.openai_example:calculator_agent",
-                               "actors.tools=calc,python", "actors.max_total_tokens=12"])
-    assert cfg.actors.agent == "openai" and cfg.actors.tools == "calc,python"
-    load_config(PRESET, ["actors.openai_agent=no_colon"])  # only checked when agent is openai
+                               "actors.agent.function=actors.openai_example:calculator_agent",
+                               "actors.agent.max_total_tokens=12"])
+    assert cfg.actors.agent.kind == "openai" and cfg.actors.agent.max_total_tokens == 12
+    assert cfg.actors.agent.function == "actors.openai_example:calculator_agent"
+    cfg = load_config(PRESET, ["actors.agent=tools", "actors.agent.tools=calc,python"])
+    assert cfg.actors.agent.kind == "tools" and cfg.actors.agent.tools == "calc,python"
+    with pytest.raises(ConfigError, match="unknown config key 'actors.agent.function' for "
+                                          "actors.agent kind single_turn"):
+        load_config(PRESET, ["actors.agent.function=no_colon"])  # only openai has it
+
+
+def test_a_kind_name_alone_is_that_kind_with_its_defaults():
+    vllm = ROOT / "configs" / "toy_reverse_vllm.yaml"
+    cfg = load_config(vllm, [])
+    assert (cfg.actors.engine.kind, cfg.actors.engine.kv_cache_gb) == ("vllm", 0.25)
+    cfg = load_config(vllm, ["actors.engine.max_num_seqs=8"])  # the preset's kind and fields stay
+    assert (cfg.actors.engine.kv_cache_gb, cfg.actors.engine.max_num_seqs) == (0.25, 8)
+    cfg = load_config(vllm, ["actors.engine=sglang"])  # another kind: its defaults only
+    assert (cfg.actors.engine.kind, cfg.actors.engine.max_total_tokens) == ("sglang", 0)
+    cfg = load_config(vllm, ["actors.engine=vllm"])  # the same kind named alone: its defaults too
+    assert cfg.actors.engine.kv_cache_gb == 1.0
+    cfg = load_config(PRESET, ["actors.engine={kind: vllm, kv_cache_gb: 0.5}",
+                               "learner.backend=fsdp2", "actors.agent=tools"])
+    assert cfg.actors.engine.kv_cache_gb == 0.5 and cfg.learner.backend.kind == "fsdp2"
+    assert cfg.actors.agent.max_turns == 4
+    lora = load_config(ROOT / "configs" / "toy_reverse_lora_vllm.yaml", [])  # through `base:`
+    assert lora.actors.engine.kv_cache_gb == 0.25
+    with pytest.raises(ConfigError) as e:  # only the kind changed: vllm's field stays and is wrong
+        load_config(vllm, ["actors.engine.kind=sglang"])
+    assert str(e.value) == ("unknown config key 'actors.engine.kv_cache_gb' for actors.engine "
+                            "kind sglang (known in this section: base_gpu_id, max_total_tokens, "
+                            "mem_fraction_static, tp_size, update_mode)")
+
+
+def test_a_preset_naming_another_kind_replaces_its_base_section(tmp_path):
+    (tmp_path / "base.yaml").write_text("actors:\n  engine: {kind: vllm, kv_cache_gb: 0.25}\n")
+    (tmp_path / "sg.yaml").write_text("base: base.yaml\nactors:\n  engine: {kind: sglang, "
+                                      "max_total_tokens: 64}\n")
+    (tmp_path / "same.yaml").write_text("base: base.yaml\nactors:\n  engine: {max_num_seqs: 4}\n")
+    cfg = load_config(tmp_path / "sg.yaml")
+    assert (cfg.actors.engine.kind, cfg.actors.engine.max_total_tokens) == ("sglang", 64)
+    cfg = load_config(tmp_path / "same.yaml")
+    assert (cfg.actors.engine.kv_cache_gb, cfg.actors.engine.max_num_seqs) == (0.25, 4)
 
 
 def test_bad_file_errors(tmp_path):
@@ -126,6 +185,10 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(PRESET, ["learner.lr=2e-4"])
     save_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
+    cfg = load_config(PRESET, ["actors.engine=vllm", "actors.agent=openai",
+                               "actors.agent.function=m:f", "learner.backend=megatron"])
+    save_config(cfg, tmp_path / "k.yaml")
+    assert load_config(tmp_path / "k.yaml") == cfg
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -141,7 +204,13 @@ def test_resolved_config_round_trips(tmp_path):
     (["buffer.capacity_groups=4"], "buffer.capacity_groups must be >= learner.prompts_per_step=16, got 4"),
     (["model.build_tiny=1"], "model.build_tiny must be bool, got 1"),
     (["run_dir=3"], "run_dir must be str, got 3"),
-    (["actors.engine=3"], "actors.engine must be str, got 3"),
+    (["actors.engine=3"], "actors.engine must be one of hf, vllm, sglang, simulated, got 3"),
+    (["actors.engine=vllm", "actors.engine.kv_cache_gb=-1"],
+     "actors.engine.kv_cache_gb must be >= 0, got -1.0"),
+    (["actors.engine.kv_cache_gb=2"], "unknown config key 'actors.engine.kv_cache_gb' for "
+                                      "actors.engine kind hf (known in this section: device, logprobs)"),
+    (["actors.engine=vllm", "actors.engine.enforce_eager=3"],
+     "actors.engine.enforce_eager must be bool or null, got 3"),
     (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment, verifiers or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
                    "max_staleness, model, placement, run_dir, task, transport)"),
@@ -153,7 +222,8 @@ def test_field_constraints_name_the_field_and_the_rule(override, expected):
 
 
 def test_floats_in_exponent_notation_and_spaced_tool_lists_load():
-    cfg = load_config(PRESET, ["actors.vllm_kv_cache_gb=1e-3", "actors.tools=calc, python",
+    cfg = load_config(PRESET, ["actors.engine=vllm", "actors.engine.kv_cache_gb=1e-3",
+                               "actors.agent=tools", "actors.agent.tools=calc, python",
                                "learner.is_cap=3"])
-    assert cfg.actors.vllm_kv_cache_gb == 1e-3 and cfg.actors.tools == "calc, python"
+    assert cfg.actors.engine.kv_cache_gb == 1e-3 and cfg.actors.agent.tools == "calc, python"
     assert cfg.learner.is_cap == 3.0 and isinstance(cfg.learner.is_cap, float)

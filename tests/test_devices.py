@@ -1,4 +1,4 @@
-"""learner.device / actors.device / model.dtype: resolution, config errors, the float32 path
+"""learner.device / actors.engine.device / model.dtype: resolution, config errors, the float32 path
 unchanged, bfloat16 on CPU, and the learner refusing an actor whose dtype differs."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ def test_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_names_the_field():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert devices.resolve_device("auto", "learner.device") == torch.device("cpu")
-    with pytest.raises(ValueError, match="actors.device is cuda but this machine has no usable CUDA"):
-        devices.resolve_device("cuda", "actors.device")
+    with pytest.raises(ValueError, match="actors.engine.device is cuda but this machine has no usable CUDA"):
+        devices.resolve_device("cuda", "actors.engine.device")
     with pytest.raises(ValueError, match="learner.device must be auto, cpu or cuda, got 'tpu'"):
         devices.resolve_device("tpu", "learner.device")
 
 
 @pytest.mark.parametrize("key,value", [("model.dtype", "float16"), ("learner.device", "gpu"),
-                                       ("actors.device", "cuda:1")])
+                                       ("actors.engine.device", "cuda:1")])
 def test_bad_device_or_dtype_is_a_config_error_naming_the_field(key, value):
     with pytest.raises(ConfigError, match=f"{key} must be one of"):
         load_config(procs.PRESET, [f"{key}={value}"])
@@ -35,7 +35,7 @@ def test_defaults_keep_the_cpu_float32_path():
     """model.dtype defaults to auto: float32 on the CPU (the path unchanged), bfloat16 on CUDA;
     a stated dtype is kept on either."""
     cfg = load_config(procs.PRESET, [])
-    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.device) == ("auto", "auto", "auto")
+    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.engine.device) == ("auto", "auto", "auto")
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert devices.torch_dtype(cfg.model.dtype, cpu) == torch.float32
     assert devices.resolve_dtype("auto", gpu) == "bfloat16"

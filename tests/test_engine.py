@@ -149,7 +149,7 @@ def test_kv_cache_sampling_draws_from_the_full_context_distribution(engine):
 
 
 def test_sampling_logprobs_skip_the_extra_pass_and_agree_to_rounding(engine, tiny_model_dir):
-    """actors.hf_logprobs=sampling: the same samples; logprobs read off the sampling steps agree
+    """actors.engine.logprobs=sampling: the same samples; logprobs read off the sampling steps agree
     with the full forward's (the default) to float rounding, but are not bitwise the same pass."""
     from safetensors.torch import load_file
 

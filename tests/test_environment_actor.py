@@ -36,8 +36,8 @@ def test_an_environments_rubric_reward_reaches_the_learner(tmp_path, monkeypatch
     steps = 3
     lp = procs.learner(run, calculator_model_dir, f"learner.max_steps={steps}",
                        "learner.prompts_per_step=4", "learner.group_size=4", "learner.log_every=1",
-                       "task.eval_prompts=4", "actors.num_local=1", "actors.agent=environment",
-                       "actors.environment=probe_env:ProbeEnv",
+                       "task.eval_prompts=4", "actors.num_local=1", "actors.agent.kind=environment",
+                       "actors.agent.environment=probe_env:ProbeEnv",
                        preset=procs.ROOT / "configs" / "toy_calculator.yaml")
     s = procs.finish_clean(lp, run, steps, timeout=600)
     rows = procs.metrics(run)
@@ -118,7 +118,7 @@ def test_an_environments_own_dataset_is_the_task(tmp_path, monkeypatch):
     steps = 3
     lp = procs.learner(run, tmp_path / "model", f"learner.max_steps={steps}",
                        "learner.prompts_per_step=4", "learner.group_size=4", "learner.log_every=1",
-                       "task.eval_prompts=3", "actors.num_local=1", "actors.agent=environment",
+                       "task.eval_prompts=3", "actors.num_local=1", "actors.agent.kind=environment",
                        "task.name=environment", "task.environment=data_env:DataEnv",
                        preset=procs.ROOT / "configs" / "toy_calculator.yaml")
     s = procs.finish_clean(lp, run, steps, timeout=600)
@@ -159,7 +159,7 @@ def test_the_environment_task_renders_the_rows_as_the_endpoint_does(tmp_path, mo
     (["task.name=environment", "actors.agent=environment"], "task.environment"),
     (["task.name=environment", "task.environment=a:B"], "actors.agent"),
     (["task.name=environment", "task.environment=a:B", "actors.agent=environment",
-      "actors.environment=c:D"], "actors.environment"),
+      "actors.agent.environment=c:D"], "actors.agent.environment"),
 ])
 def test_environment_task_config_errors_name_the_field(overrides, key):
     from configs.loader import ConfigError, load_config

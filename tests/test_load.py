@@ -11,7 +11,7 @@ import procs
 
 def test_64_simulated_actors_bounded_memory_exact_accounting(tmp_path):
     out = tmp_path / "load"
-    r = subprocess.run([sys.executable, "scripts/load_test.py", "--actors", "64", "--seconds", "12",
+    r = subprocess.run([sys.executable, "lab/load_test.py", "--actors", "64", "--seconds", "12",
                         "--out", str(out), f"model.path={tmp_path / 'model'}", "model.warmstart_steps=0"],
                        cwd=procs.ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -182,7 +182,7 @@ BF16_NOISE = 3.0
 """Megatron in bf16 vs the single-process learner in bf16 may differ by this many times the
 single-process learner's own bf16-vs-fp32 difference, measured in the same test. Two independent
 bf16 errors of the same size differ by about sqrt(2) times one; measured at most 1.5 times
-(gradients) and 1.25 times (weights after N steps), see docs/megatron.md."""
+(gradients) and 1.25 times (weights after N steps), see lab/notes/backends.md."""
 
 
 @pytest.fixture(scope="module")
@@ -338,9 +338,9 @@ def test_unsupported_models_and_splits_are_refused():
     from learner import megatron_convert as convert
 
     hf = _gqa_config()
-    with pytest.raises(ValueError, match="megatron_tp=3 must divide the model's num_attention_heads"):
+    with pytest.raises(ValueError, match="learner.backend.tp=3 must divide the model's num_attention_heads"):
         convert.check_supported(hf, 3, 1)
-    with pytest.raises(ValueError, match="megatron_pp=4 must divide the model's num_hidden_layers=2"):
+    with pytest.raises(ValueError, match="learner.backend.pp=4 must divide the model's num_hidden_layers=2"):
         convert.check_supported(hf, 1, 4)
     with pytest.raises(ValueError, match="not model_type='gpt2'"):
         convert.check_supported(type("C", (), {"model_type": "gpt2"})(), 1, 1)
@@ -351,9 +351,9 @@ def test_tp_times_pp_must_divide_the_torchrun_world(monkeypatch):
     from configs.loader import ConfigError, load_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="learner.megatron_tp \\* learner.megatron_pp must be a "
+    with pytest.raises(ConfigError, match="learner.backend.tp \\* learner.backend.pp must be a "
                                           "divisor of the torchrun world size 2, got 4"):
-        load_config(procs.ROOT / "configs" / "toy_reverse_megatron.yaml", ["learner.megatron_pp=2"])
+        load_config(procs.ROOT / "configs" / "toy_reverse_megatron.yaml", ["learner.backend.pp=2"])
     load_config(procs.ROOT / "configs" / "toy_reverse_megatron.yaml", [])
 
 

@@ -26,7 +26,11 @@ def test_actor_start_up_reaches_its_engine_without_a_cuda_call(tiny_model_dir):
     for engine in ("vllm", "sglang", "hf"):
         assert out[engine]["result"] == "engine reached", out[engine]
         assert out[engine]["hello_dtype"] == "bfloat16", out[engine]  # auto on a GPU engine
-    assert out["vllm"]["call"]["kwargs"]["dtype"] == "bfloat16"
+    vllm = out["vllm"]["call"]["kwargs"]
+    assert vllm["dtype"] == "bfloat16"
+    assert vllm["enforce_eager"] == "False"  # CUDA graphs on by default on a GPU
+    assert (vllm["gpu_memory_utilization"], vllm["tensor_parallel_size"], vllm["max_model_len"],
+            vllm["enable_prefix_caching"]) == ("0.9", "1", "0", "True")
     assert out["sglang"]["call"]["kwargs"]["dtype"] == "bfloat16"
     assert out["sglang"]["call"]["kwargs"]["cpu"] == "False"
     assert out["hf"]["call"]["args"][1:3] == ["cuda:0", "torch.bfloat16"]

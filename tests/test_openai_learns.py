@@ -17,8 +17,9 @@ from configs.loader import load_config
 def test_openai_function_calling_agent_learns_the_calculator_task(tmp_path, calculator_model_dir):
     run = tmp_path / "run"
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
-    lp = procs.learner(run, calculator_model_dir, "actors.agent=openai",
-                       "actors.openai_agent=actors.openai_tools_example:calculator_agent",
+    # kind=openai keeps the preset's max_turns and max_total_tokens (actors.agent=openai would not)
+    lp = procs.learner(run, calculator_model_dir, "actors.agent.kind=openai",
+                       "actors.agent.function=actors.openai_tools_example:calculator_agent",
                        preset=preset)
     s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=1700)
     print("openai function-calling agent: calculator eval reward", s["eval_reward_start"], "->",

@@ -24,5 +24,5 @@ def test_vllm_logprobs_match_learner_before_and_after_one_update(smollm2_dir):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # vLLM's start alone took 7 min on 2 cores shared with other jobs
 def test_smollm2_preset_runs_end_to_end(tmp_path, smollm2_dir):
-    _, _, log = refs.smollm2_preset_run(tmp_path, smollm2_dir, "actors.vllm_kv_cache_gb=0.5")
+    _, _, log = refs.smollm2_preset_run(tmp_path, smollm2_dir, "actors.engine.kv_cache_gb=0.5")
     assert "vllm" in log.lower()

@@ -1,7 +1,7 @@
 """The python tool's sandbox (actors/sandbox.py): model-written code tries to escape.
 
 Each attempt runs under both modes: under bubblewrap it must fail; under `rlimits` (today's
-limits-only tool, `actors.python_sandbox=rlimits`) the same code must succeed, which shows the
+limits-only tool, `actors.agent.python_sandbox=rlimits`) the same code must succeed, which shows the
 attempt is a real one (a check that can fail)."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_code_cannot_run_past_its_time_limit(sandbox):
 
 def test_python_tool_refuses_to_start_without_bubblewrap(monkeypatch, caplog):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(RuntimeError, match="actors.python_sandbox=rlimits"):
+    with pytest.raises(RuntimeError, match="actors.agent.python_sandbox=rlimits"):
         make_tools("calc,python", 5.0, 512)
     with caplog.at_level(logging.WARNING, logger="actors.tools"):
         make_tools("python", 5.0, 512, sandbox="rlimits")

@@ -90,7 +90,7 @@ def test_two_sglang_actor_processes_and_a_vllm_actor_learn_the_toy_task(tmp_path
     lp = procs.learner(run, tiny_model_dir, "learner.checkpoint_every=0", procs.UNTIL_LEARNED,
                        preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
     lp.wait_for("learner listening", timeout=300)
-    ap = procs.actor(run, "vllm-0", "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+    ap = procs.actor(run, "vllm-0", "actors.engine=vllm", "actors.engine.kv_cache_gb=0.25",
                      python=main_python)
     try:
         lp.wait_for(r"actor vllm-0 joined \(engine 'vllm'\)", timeout=300)

@@ -30,7 +30,7 @@ def test_logprobs_match_learner_before_and_after_one_update(smollm2_dir):
 @pytest.mark.timeout(1800)
 def test_smollm2_preset_runs_end_to_end_on_sglang(tmp_path, smollm2_dir):
     _, rows, log = refs.smollm2_preset_run(tmp_path, smollm2_dir, "actors.engine=sglang",
-                                           f"actors.sglang_max_total_tokens={KV_TOKENS}")
+                                           f"actors.engine.max_total_tokens={KV_TOKENS}")
     assert "SGLangEngine" in log
     # step 1 trains on version-0 samples with the version-0 weights: the learner's recomputed
     # logprobs equal SGLang's, so every importance weight is 1 up to float error

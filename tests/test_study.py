@@ -1,5 +1,5 @@
 """The staleness study trains a run once for every cell that is the same objective
-(scripts/staleness_study.py: objective); these tests check that the shared cells really are
+(lab/staleness_study.py: objective); these tests check that the shared cells really are
 bitwise the same training run, and that the others are not."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from learner.sync_loop import run_sync
 
 from procs import PRESET, ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "lab"))
 from staleness_study import objective  # noqa: E402
 
 STEPS = 4

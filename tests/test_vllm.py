@@ -41,8 +41,8 @@ def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):
     import procs
 
     run = tmp_path / "run"
-    lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.update_mode=keep",
-                       "actors.vllm_kv_cache_gb=0.25", "learner.checkpoint_every=0",
+    lp = procs.learner(run, tiny_model_dir, "actors.engine=vllm", "actors.engine.update_mode=keep",
+                       "actors.engine.kv_cache_gb=0.25", "learner.checkpoint_every=0",
                        procs.UNTIL_LEARNED)
     assert lp.finish(timeout=900) == 0, lp.tail()
     s = procs.summary(run)
@@ -91,7 +91,7 @@ def _end_vllm_actor(tmp_path, tmpdir, model_dir, sig: int) -> tuple[int, list[st
 
     run = tmp_path / "run"
     lp = procs.learner(run, model_dir, "actors.num_local=0", "learner.max_steps=100000",
-                       "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25")
+                       "actors.engine=vllm", "actors.engine.kv_cache_gb=0.25")
     lp.wait_for("learner listening", timeout=120)
     ap = procs.actor(run, "v0", env={"TMPDIR": str(tmpdir)})
     try:
@@ -151,7 +151,7 @@ def test_tool_agent_on_vllm_actors(tmp_path, calculator_model_dir):
     steps = 6
     lp = procs.learner(run, calculator_model_dir, f"learner.max_steps={steps}",
                        "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
-                       "actors.engine=vllm", "actors.vllm_kv_cache_gb=0.25",
+                       "actors.engine=vllm", "actors.engine.kv_cache_gb=0.25",
                        preset=procs.ROOT / "configs" / "toy_calculator.yaml")
     procs.finish_clean(lp, run, steps, timeout=600)
     rows = procs.metrics(run)

@@ -6,7 +6,7 @@ most that. Each part of PLAN is one regime (config overrides, minibatches); the 
 table per part, paired decoupled-vs-none differences, what each correction did to the gradient
 (clip fraction, truncation, KL, gradient norm), and reward-vs-step / vs-wall-time plots.
 
-    .venv/bin/python scripts/staleness_study.py --out docs/study
+    .venv/bin/python lab/staleness_study.py --out lab/studies/staleness
 
 Every run is stored in OUT/runs/ as soon as it ends, so an interrupted study resumes where it
 stopped, and a run shared by two parts (or by two corrections that are the same objective
@@ -138,7 +138,7 @@ def run_job(args: tuple[str, dict, int]) -> tuple[str, dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="docs/study")
+    p.add_argument("--out", default="lab/studies/staleness")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--parts", nargs="+", default=[part.name for part in PLAN],
                    choices=[part.name for part in PLAN])

@@ -1,7 +1,12 @@
 """Tether benchmarks. Every figure is a ratio against a baseline measured in the same run.
 
-    .venv/bin/python scripts/bench.py                 # all sections, writes runs/bench/bench.json
-    .venv/bin/python scripts/bench.py --only transport weights
+    .venv/bin/python lab/bench.py                 # all sections, writes runs/bench/bench.json
+    .venv/bin/python lab/bench.py --only transport weights
+    .venv/bin/python lab/bench.py --only transport --update-baselines   # new guarded figures
+
+Each run's guarded figures are also compared with lab/baselines/bench.json (the figures
+docs/performance.md quotes, each with the commit and machine that measured it) and with the
+issue's aim where one was set; `--update-baselines` writes the run's own into that file.
 
 Sections:
   transport  GroupResults through encode -> ZeroMQ -> decode -> validate -> buffer (the learner's
@@ -22,15 +27,15 @@ Sections:
              VLLMEngine vs calling AsyncLLM directly, and the time to apply one weight version.
   e2e        toy task with real HF actors: samples/s and time to reach a reward, eta 0 vs 2.
   e2e_vllm   the same with vLLM actors (update_mode keep).
-  peer       TRL's synchronous GRPOTrainer (scripts/bench_peer.py, in the bench-only venv
-             .venv-bench made by scripts/env_bench.sh) vs Tether's toy preset on the same model,
+  peer       TRL's synchronous GRPOTrainer (lab/bench_peer.py, in the bench-only venv
+             .venv-bench made by lab/env_bench.sh) vs Tether's toy preset on the same model,
              task and hyper-parameters, seeds 0-2 one after the other: steps/s and seconds to a
              sampled reward of 0.8 (20-step mean). Skipped, with a note, without that venv.
   real       (not in the default set: 2 x --real-minutes of wall time, 80 min by default) the
              SmolLM2-135M preset configs/smollm2_add_40min.yaml at max_staleness 1 vs 0 with
              the same training time: steps/s, held-out reward at the end and the learner's idle
              fraction from the step timeline (metrics.jsonl).
-  sglang     scripts/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
+  sglang     lab/bench_sglang.py run with the SGLang venv's python (.venv-sglang, made by
              scripts/env_sglang.sh; SGLang pins another torch), its rows merged here: SGLang
              tokens/s through our SGLangEngine vs bare Engine.async_generate, apply-weights time.
              Skipped, with a note, where that venv is absent.
@@ -65,7 +70,7 @@ TRANSPORT_SIZES = ((8, 20000), (1024, 8000), (16384, 500))
 """`transport`'s (tokens per sample, groups per measurement): about 0.5 to 1 s per measurement
 here (2000 groups at 1024 and 100 at 16384 until 2026-12-04 lasted 0.1 to 0.4 s). The longer
 window did not narrow the spread of back-to-back pairs on this VM (16384: 0.33-2.24 before,
-0.39-2.60 after; docs/benchmarks.md). 500 groups at 16384 are 850 MB of frames, held by the
+0.39-2.60 after; lab/notes/benchmarks.md). 500 groups at 16384 are 850 MB of frames, held by the
 sender and again by the receiver."""
 
 
@@ -97,7 +102,7 @@ def _server(num_groups: int, model_dir: Path, **transport):
 
     overrides = [f"transport.{k}={v}" for k, v in transport.items()]
     cfg = load_config(PRESET, [f"buffer.capacity_groups={max(num_groups, 16)}",
-                               "task.max_new_tokens=16384", "actors.max_total_tokens=16384",
+                               "task.max_new_tokens=16384",
                                *overrides])
     leases = LeaseTable(_Task(), prompts_per_step=num_groups, group_size=8, max_staleness=0)
     leases.grant("bench", "", num_groups, version=0)
@@ -403,7 +408,7 @@ def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigm
     for eta in (0, 2):
         r = _learner_run(work / f"pipe_eta{eta}", model_dir, [
             f"max_staleness={eta}", f"learner.max_steps={steps}", "actors.engine=simulated",
-            f"actors.sim_latency_mean_s={latency}", f"actors.sim_latency_sigma={sigma}",
+            f"actors.engine.latency_mean_s={latency}", f"actors.engine.latency_sigma={sigma}",
             "actors.num_local=2", "actors.groups_per_request=8", "task.eval_prompts=8"], 600)
         rows = r["rows"][5:]  # skip warm-up
         period = (rows[-1]["time_s"] - rows[0]["time_s"]) / (len(rows) - 1)
@@ -418,12 +423,16 @@ def bench_pipeline(work: Path, model_dir: Path, steps: int, latency: float, sigm
     return out
 
 
+ENGINE_OVERRIDES = {"hf": [], "vllm": ["actors.engine.kv_cache_gb=0.25"]}
+"""What bench_e2e sets besides `actors.engine` for each engine it runs."""
+
+
 def bench_e2e(work: Path, model_dir: Path, steps: int, target: float, engine: str) -> dict:
     out = {"engine": engine}
     for eta in (0, 2):
         r = _learner_run(work / f"e2e_{engine}_eta{eta}", model_dir,
                          [f"max_staleness={eta}", f"learner.max_steps={steps}",
-                          f"actors.engine={engine}", "actors.vllm_kv_cache_gb=0.25"], 1800)
+                          f"actors.engine={engine}", *ENGINE_OVERRIDES[engine]], 1800)
         rows = r["rows"]
         hit = _reward_hit(rows, target)
         train_wall = rows[-1]["time_s"]
@@ -468,7 +477,7 @@ def bench_rollout(model_dir: Path, batches: int) -> dict:
 
 
 def bench_hf_logprobs(toy: Path, batches: int) -> dict:
-    """`actors.hf_logprobs`: HF engine tokens/s with the extra full forward for behavior
+    """`actors.engine.logprobs`: HF engine tokens/s with the extra full forward for behavior
     logprobs (forward, the default) vs reading them off the sampling steps (sampling), on the
     toy model (64 x 5 tokens, the preset's batch) and on SmolLM2-135M (8 x 32 tokens)."""
     from safetensors.torch import load_file
@@ -578,7 +587,7 @@ def bench_peer(work: Path, model_dir: Path, steps: int, seeds: list[int], target
     `train()`; time to reward is counted from there."""
     python = ROOT / ".venv-bench" / "bin" / "python"
     if not python.exists():
-        print("[bench] peer: skipped, no .venv-bench (bash scripts/env_bench.sh makes it)")
+        print("[bench] peer: skipped, no .venv-bench (bash lab/env_bench.sh makes it)")
         return None
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out: dict = {"steps": steps, "target_train_reward_20step_avg": target, "seeds": {}}
@@ -586,7 +595,7 @@ def bench_peer(work: Path, model_dir: Path, steps: int, seeds: list[int], target
         r = _learner_run(work / f"peer_tether_s{seed}", model_dir,
                          [f"learner.max_steps={steps}", f"learner.seed={seed}"], 1800)
         trl_json = work / f"peer_trl_s{seed}.json"
-        subprocess.run([str(python), str(ROOT / "scripts" / "bench_peer.py"), "--model",
+        subprocess.run([str(python), str(ROOT / "lab" / "bench_peer.py"), "--model",
                         str(model_dir), "--steps", str(steps), "--seed", str(seed), "--out",
                         str(trl_json)], check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         trl = json.loads(trl_json.read_text())
@@ -640,7 +649,7 @@ def bench_real(work: Path, minutes: float) -> dict:
 
 
 def bench_sglang(out: Path) -> dict | None:
-    """scripts/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
+    """lab/bench_sglang.py in .venv-sglang (None, with a note, without that venv)."""
     python = ROOT / ".venv-sglang" / "bin" / "python"
     if not python.exists():
         print("[bench] sglang: skipped, no .venv-sglang (bash scripts/env_sglang.sh makes it)")
@@ -648,7 +657,7 @@ def bench_sglang(out: Path) -> dict | None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode:
         env["PYTHONPATH"] = str(ROOT / "tests" / "sglang_cpu_shim")  # CPU: the sgl_kernel stand-in
-    subprocess.run([str(python), str(ROOT / "scripts" / "bench_sglang.py"), "--out", str(out)],
+    subprocess.run([str(python), str(ROOT / "lab" / "bench_sglang.py"), "--out", str(out)],
                    check=True, env=env)
     return json.loads((out / "bench_sglang.json").read_text())
 
@@ -662,6 +671,8 @@ def main() -> None:
     p.add_argument("--transport-repeats", type=int, default=3,
                    help="pairs (Tether, raw, raw keeping) measured per size in `transport`, "
                         "alternating; each side reports its median, and each pair its own ratio")
+    p.add_argument("--update-baselines", action="store_true",
+                   help=f"write this run's figures into {BASELINES.relative_to(ROOT)} (commit, machine)")
     p.add_argument("--real-minutes", type=float, default=30.0,
                    help="training minutes per run of the `real` section (each run adds start-up, "
                         "two held-out evaluations and the export, ~10 min)")
@@ -704,10 +715,67 @@ def main() -> None:
         if "peer" in ns.only and (row := bench_peer(work, model_dir, steps=300, seeds=[0, 1, 2],
                                                       target=0.8)) is not None:
             res["peer"] = row
+    baselines = json.loads(BASELINES.read_text())
+    res["against_baselines"] = against_baselines(res, baselines)
     (out / "bench.json").write_text(json.dumps(res, indent=1))
     table = render(res)
     (out / "bench.md").write_text(table)
     print(table)
+    print("\n".join(["Against lab/baselines/bench.json:", *res["against_baselines"]]))
+    if ns.update_baselines:
+        BASELINES.write_text(json.dumps(update_baselines(res, baselines), indent=1, ensure_ascii=False) + "\n")
+
+
+BASELINES = ROOT / "lab" / "baselines" / "bench.json"
+
+
+def figure(res: dict, path: str) -> float | None:
+    """The figure at a baseline's key path in bench.json's results (None when this run lacks it);
+    a list (`transport`) is entered by its entries' tokens_per_sample."""
+    node = res
+    for part in path.split("."):
+        if isinstance(node, list):
+            node = {str(x["tokens_per_sample"]): x for x in node}
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def meets(value: float, aim: str) -> bool:
+    """`aim` is ">= X" or "<= X"."""
+    op, bound = aim.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+def against_baselines(res: dict, baselines: dict) -> list[str]:
+    """One line per baseline figure this run measured: the run's value, the baseline's (with its
+    commit and machine) and, where the issue set an aim, whether each meets it."""
+    lines = []
+    for path, base in baselines["figures"].items():
+        value = figure(res, path)
+        if value is None:
+            continue
+        aim = f"; aim {base['aim']}: {'met' if meets(value, base['aim']) else 'not met'}" if "aim" in base else ""
+        lines.append(f"{path}: {value:.3g} (baseline {base['value']:g} at {base['commit']} on machine "
+                     f"{base['machine']}: x{value / base['value']:.2f}){aim}")
+    return lines
+
+
+def update_baselines(res: dict, baselines: dict) -> dict:
+    """The baselines with every figure this run measured replaced by this run's, stamped with the
+    checked-out commit and this machine."""
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    mach = res["machine"]
+    name = f"{mach['cpus']}cpu-{platform.node()}"
+    baselines["machines"][name] = f"{mach['cpus']} CPUs, {mach['platform']}, torch {mach['torch']}, libzmq {mach['libzmq']}"
+    for path, base in baselines["figures"].items():
+        value = figure(res, path)
+        if value is not None:
+            base.update(value=round(value, 3), commit=commit, machine=name)
+            base.pop("note", None)
+    return baselines
 
 
 def _ratios(xs: list[float]) -> str:
@@ -755,7 +823,7 @@ def render(res: dict) -> str:
                     f"bare engine {r['hf_bare_tokens_per_s']:.0f} | {r['client_vs_bare']:.2f} |")
     if "rollout" in res:
         for name, row in res["rollout"]["logprobs_pass"].items():
-            rows.append(f"| HF engine tokens/s, {name}, actors.hf_logprobs=sampling vs forward | "
+            rows.append(f"| HF engine tokens/s, {name}, actors.engine.logprobs=sampling vs forward | "
                         f"{row['sampling_tokens_per_s']:.0f} | {row['forward_tokens_per_s']:.0f} | "
                         f"{row['sampling_vs_forward']:.2f} |")
     if "vllm" in res:

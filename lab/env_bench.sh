@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) the bench-only venv .venv-bench: Tether plus TRL, for the synchronous peer row
-# of `scripts/bench.py --only peer` (scripts/bench_peer.py). Never used by the tests or runs.
+# of `lab/bench.py --only peer` (lab/bench_peer.py). Never used by the tests or runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -1,11 +1,11 @@
-"""The synchronous peer: TRL's GRPOTrainer on Tether's toy task, for `scripts/bench.py --only peer`.
+"""The synchronous peer: TRL's GRPOTrainer on Tether's toy task, for `lab/bench.py --only peer`.
 
-Runs in the bench-only venv (.venv-bench, scripts/env_bench.sh: Tether + trl), never in
+Runs in the bench-only venv (.venv-bench, lab/env_bench.sh: Tether + trl), never in
 Tether's own environment. Same starting model (the preset's warm-started tiny Qwen2), task,
 prompts per step, group size, lr, clip, temperature, loss aggregation and optimizer as
 `configs/toy_reverse.yaml`; TRL generates with HF `generate` and trains in this one process.
 
-    .venv-bench/bin/python scripts/bench_peer.py --model runs/bench/model --steps 300 --seed 0 \
+    .venv-bench/bin/python lab/bench_peer.py --model runs/bench/model --steps 300 --seed 0 \
         --out runs/bench/peer_s0.json
 
 Writes one JSON: wall time after each optimizer step (from `train()`'s start) and the batch's

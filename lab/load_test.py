@@ -1,6 +1,6 @@
 """Load test: N simulated actors (real protocol, no model) against a real learner process.
 
-    .venv/bin/python scripts/load_test.py --actors 64 --seconds 60 --out runs/load
+    .venv/bin/python lab/load_test.py --actors 64 --seconds 60 --out runs/load
 
 The actors run as asyncio tasks in this one process (each with its own sockets and identity).
 Reports learner memory over time, throughput and the accounting check; writes load.json.

@@ -1,12 +1,12 @@
-"""SGLang rows of Tether's benchmarks (scripts/bench.py runs in the main venv; SGLang has its own).
+"""SGLang rows of Tether's benchmarks (lab/bench.py runs in the main venv; SGLang has its own).
 
-    PYTHONPATH=tests/sglang_cpu_shim .venv-sglang/bin/python scripts/bench_sglang.py   # CPU
-    .venv-sglang/bin/python scripts/bench_sglang.py                                   # GPU
+    PYTHONPATH=tests/sglang_cpu_shim .venv-sglang/bin/python lab/bench_sglang.py   # CPU
+    .venv-sglang/bin/python lab/bench_sglang.py                                   # GPU
 
 Same 64 requests x `--batches` rounds through SGLang's bare `Engine.async_generate` and through
 our actor's SGLangEngine (ratio), and the time to apply one weight version from Tether's buckets
 (pause, begin / update_weights_from_tensor per bucket / end, continue). Writes
-OUT/bench_sglang.json (default runs/bench) and prints the table rows; `scripts/bench.py`
+OUT/bench_sglang.json (default runs/bench) and prints the table rows; `lab/bench.py`
 (section sglang) runs it this way from the main venv.
 """
 

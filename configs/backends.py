@@ -1,0 +1,31 @@
+"""`learner.backend`: the training backend's kind and its settings (one section per kind).
+
+    learner:
+      backend: {kind: megatron, tp: 2}     # or only `backend: fsdp2`
+"""
+
+from __future__ import annotations
+
+from configs.base import Count, Kind
+
+
+class SingleBackendConfig(Kind, tag="single"):
+    """One process."""
+
+
+class FSDP2BackendConfig(Kind, tag="fsdp2"):
+    """torch FSDP2 over torchrun ranks (docs/backends/fsdp2.md)."""
+
+
+class MegatronBackendConfig(Kind, tag="megatron"):
+    """Megatron-core tensor / pipeline parallel over torchrun ranks (`pip install -e .[megatron]`)."""
+
+    tp: Count = 1
+    """Tensor-parallel size (ranks that split each layer); must divide heads, KV heads, MLP and vocab."""
+    pp: Count = 1
+    """Pipeline-parallel size (stages of consecutive layers); the data-parallel size is torchrun
+    ranks / (tp * pp)."""
+
+
+BackendConfig = SingleBackendConfig | FSDP2BackendConfig | MegatronBackendConfig
+"""The learner backend's section: one of the kinds above, chosen by `kind`."""
