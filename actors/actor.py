@@ -32,13 +32,13 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agents import make_agent
+from actors.agents.registry import make_agent
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
-from actors.single_turn import SingleTurnAgent
+from actors.agents.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
 from actors.weight_pull import WeightPuller
-from actors.client import EngineClient
-from actors.engine import LLMClient
+from actors.engines.client import EngineClient
+from actors.engines.base import LLMClient
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport import security, sockets
@@ -293,7 +293,7 @@ class Actor:
             tmp.replace(model_dir / name)
         E = self.cfg.actors.engine
         if E.kind == "simulated":
-            from actors.sim_engine import SimulatedEngine
+            from actors.engines.simulated import SimulatedEngine
 
             vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
             engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
@@ -301,7 +301,7 @@ class Actor:
         from models import devices
         from models.tiny import load_tokenizer
 
-        from actors.hf_engine import HFEngine
+        from actors.engines.hf import HFEngine
         from tasks import make_task
 
         device = self.engine_device()
@@ -313,7 +313,7 @@ class Actor:
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
         if E.kind == "vllm":
-            from actors.vllm_engine import VLLMEngine
+            from actors.engines.vllm.engine import VLLMEngine
 
             eager = E.enforce_eager if E.enforce_eager is not None else device.type == "cpu"
             llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
@@ -328,7 +328,7 @@ class Actor:
             self._closers.append(llm.shutdown)
             return llm, agent
         if E.kind == "sglang":
-            from actors.sglang_engine import SGLangEngine
+            from actors.engines.sglang.engine import SGLangEngine
 
             llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
                                max_total_tokens=E.max_total_tokens,

@@ -16,7 +16,7 @@ from msgspec import Meta
 from configs.base import Count, ImportPath, Kind, Port, Positive
 
 TOOLS = ("calc", "python")
-"""Tools the `tools` agent can offer (actors/tools.py)."""
+"""Tools the `tools` agent can offer (actors/agents/tools.py)."""
 _TOOL = "|".join(TOOLS)
 ToolList = Annotated[str, Meta(pattern=rf"^\s*({_TOOL})\s*(,\s*({_TOOL})\s*)*$",
                                description=f"a comma-separated subset of {TOOLS}")]

@@ -114,8 +114,14 @@ def _sections(cls: type, prefix: str) -> list[str]:
     docs = field_docs(cls)
     for f in msgspec.structs.fields(cls):
         key, kinds = prefix + f.name, kinds_of(f.type)
-        if kinds is not None:
+        items = typing.get_args(f.type) if typing.get_origin(f.type) is list else ()
+        if items and kinds_of(items[0]) is not None:  # a list of a family's sections
+            key, kinds = key + "[]", kinds_of(items[0])
+            lines += ["", f"## `{key}`: each entry one section of a kind: "
+                      f"{', '.join(f'`{k}`' for k in kinds)}"]
+        elif kinds is not None:
             lines += ["", f"## `{key}`: one section per kind (the kinds: the row above)"]
+        if kinds is not None:
             first: dict[str, tuple[str, str]] = {}  # field -> (its row, the kind it was shown for)
             for kind, section in kinds.items():
                 lines += ["", f"### `{key}: {kind}`: {_cell(section.__doc__ or '')}", ""]

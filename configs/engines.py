@@ -87,7 +87,7 @@ VLLM_SET_BY_TETHER = ("model", "dtype", "load_format", "seed", "enforce_eager",
                       "distributed_executor_backend", "enable_lora", "max_loras", "max_cpu_loras",
                       "max_lora_rank", "gpu_memory_utilization", "max_model_len",
                       "tensor_parallel_size", "enable_prefix_caching")
-"""EngineArgs fields actors/vllm_engine.py sets (from model.dtype, the LoRA settings or a field
+"""EngineArgs fields actors/engines/vllm/engine.py sets (from model.dtype, the LoRA settings or a field
 of this section): `engine_args` may not set them."""
 
 

@@ -161,7 +161,17 @@ def check_fields(raw: object, cls: type, key: str) -> str | None:
 
 
 def _check_value(value: object, hint: object, key: str) -> str | None:
-    """One field's value against its annotation (a section, a family of kinds or a leaf)."""
+    """One field's value against its annotation (a section, a family of kinds, a list of a
+    family's sections, or a leaf)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and args and kinds_of(args[0]) is not None:
+        if not isinstance(value, list):
+            return f"{key} must be a list, got {value!r}"
+        for i, item in enumerate(value):
+            error = _check_value(item, args[0], f"{key}[{i}]")
+            if error:
+                return error
+        return None
     kinds = kinds_of(hint)
     if kinds is not None:
         kind = value.get("kind") if isinstance(value, dict) else value

@@ -32,6 +32,7 @@ from configs.base import Count, Kind, NonNegative, Port, Positive, Section
 from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
                              SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig,
                              vllm_engine_arg_errors)
+from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
 __all__ = [  # the per-kind sections, importable from here too
     "TOOLS", "AgentConfig", "BackendConfig", "Count", "EndpointAgentConfig", "EngineConfig",
@@ -105,6 +106,10 @@ class TaskConfig(Section):
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
+    scorers: list[Scorer] = msgspec.field(default_factory=list)
+    """The reward as a weighted sum of scorers, each a tagged section {kind: function | classifier |
+    judge | remote, name, weight, ...} (configs/scorers.py, docs/models_data_rewards.md); empty =
+    `reward` (or the task's own reward) alone."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""
@@ -179,6 +184,8 @@ class LearnerConfig(Section):
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
     """mask correction: tokens whose pi_theta / mu rises above this get no gradient."""
+    mask_denominator: Literal["trained", "accepted"] = "trained"
+    """mask correction: rejected tokens count in the loss's denominators (trained) or not (accepted, as verl)."""
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
@@ -237,6 +244,8 @@ class LearnerConfig(Section):
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """Discount per token (gae, vtrace, reinforce_pp)."""
+    reinforce_pp_std: Literal["population", "bessel"] = "population"
+    """reinforce_pp: whiten with the population std (OpenRLHF) or the Bessel-corrected one (verl)."""
     lam: Annotated[float, Meta(ge=0, le=1)] = 1.0
     """GAE lambda."""
     value_clip: Annotated[float, Meta(ge=0)] = 0.2
@@ -359,6 +368,8 @@ class TetherConfig(Section):
     """The replay buffer between trajectory receiver and trainer."""
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     """ZeroMQ sockets, heartbeats and limits."""
+    scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
+    """The scorer fleet that runs the model scorers of task.scorers."""
     placement: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
     """Which GPUs each process on the learner's node gets (configs/placement.py)."""
 
@@ -369,8 +380,8 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
-    "environment": "actors.environment:make_task",
-    "verifiers": "actors.verifiers_agent:make_task",
+    "environment": "actors.agents.environment:make_task",
+    "verifiers": "actors.agents.verifiers:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
 
@@ -467,6 +478,28 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         errors += vllm_engine_arg_errors(A.engine.engine_args)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
+    errors += _scorer_rules(cfg)
+    return errors
+
+
+def model_scorers(cfg: TetherConfig) -> list:
+    """The scorers of task.scorers that run in the scorer fleet (classifier, judge, remote)."""
+    return [s for s in cfg.task.scorers if isinstance(s, MODEL_KINDS)]
+
+
+def _scorer_rules(cfg: TetherConfig) -> list[str]:
+    task, errors = cfg.task, []
+    names = [s.name for s in task.scorers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        errors.append(f"task.scorers names must be unique, got {dup[0]!r} twice")
+    if task.scorers and task.reward:
+        errors.append(f"task.reward must be empty when task.scorers is set (add it as "
+                      f"{{kind: function, fn: {task.reward}}}), got {task.reward!r}")
+    for i, s in enumerate(task.scorers):
+        if getattr(s, "fn", "") and ":" not in s.fn:
+            errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
+                          f"got {s.fn!r}")
     return errors
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
-from learner import tracking
+from learner.obs import tracking
 
 
 def main(argv: list[str] | None = None) -> int:

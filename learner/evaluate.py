@@ -9,7 +9,10 @@ here instead of in the replay buffer: never trained on, and the trainer never wa
 (only the run's end does). The learner holds no copy of the policy for evaluation. Each round is
 tagged with the version it evaluates and reports the versions that actually sampled its tokens
 (an actor that already holds a newer version samples with it: start-of-run rounds may mix in
-v+1 when training outpaces them; the end round is exact, nothing newer exists).
+v+1 when training outpaces them; the end round is exact, nothing newer exists). With model
+scorers in `task.scorers`, each round's rollouts are scored at the run's end by the learner
+(rank 0 alone, the other ranks gone), with the scorers built in its own process
+(`rescore`: batches of `scoring.batch_size`; judges on the HF engine), not through the fleet.
 
 Locally (`evaluate`): an HF engine in this process, where no actor exists: the learner-alone
 tools (scripts/algo_study.py, scripts/staleness_study.py), and a learner's end round when every
@@ -23,11 +26,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from actors.agents import make_agent
+from actors.agents.registry import make_agent
 from actors.rollout import RolloutTask
-from actors.client import EngineClient
-from actors.hf_engine import HFEngine
-from configs.schema import TetherConfig
+from actors.engines.client import EngineClient
+from actors.engines.hf import HFEngine
+from configs.schema import TetherConfig, model_scorers
 
 
 def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
@@ -42,7 +45,10 @@ def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
     async def run_all() -> list[float]:
         client = EngineClient(engine)
         rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks))
-        return [r.reward for r in rollouts]
+        rewards = [r.reward for r in rollouts]
+        if model_scorers(cfg):
+            rewards = await _add_model_scores(cfg, tokenizer, tasks, rollouts, rewards)
+        return rewards
 
     rewards = asyncio.run(run_all())
     return sum(rewards) / len(rewards)
@@ -61,6 +67,8 @@ class EvalRound:
     min_version: int | None = None
     max_version: int | None = None
     """The versions that sampled this round's tokens."""
+    items: dict[int, tuple] = field(default_factory=dict)
+    """Lease id -> (prompt, completion ids), for scoring by model scorers at the end."""
 
     def done(self) -> bool:
         return len(self.rewards) >= self.prompts
@@ -84,11 +92,14 @@ class Evaluations:
         with self._cond:
             self._rounds[version] = EvalRound(version, prompts)
 
-    def record(self, version: int, lease_id: int, reward: float, versions, error: bool) -> None:
-        """One evaluation lease's result (I/O thread)."""
+    def record(self, version: int, lease_id: int, reward: float, versions, error: bool,
+               item: tuple | None = None) -> None:
+        """One evaluation lease's result (I/O thread); `item`: (prompt, completion ids)."""
         with self._cond:
             r = self._rounds[version]
             r.rewards[lease_id] = 0.0 if error else float(reward)
+            if item is not None:
+                r.items[lease_id] = item
             r.errors += bool(error)
             if len(versions):
                 lo, hi = int(versions.min()), int(versions.max())
@@ -111,3 +122,39 @@ class Evaluations:
     def result(self, version: int) -> dict:
         with self._cond:
             return self._rounds[version].result()
+
+    def rescore(self, version: int, cfg: TetherConfig, tokenizer) -> None:
+        """Add the model scorers' weighted scores to the round's rewards (task.scorers; rank 0
+        alone, at the end: the scorers are built in this process)."""
+        from types import SimpleNamespace
+
+        with self._cond:
+            r = self._rounds[version]
+            ids = list(r.items)
+            tasks = [SimpleNamespace(meta=r.items[i][0].meta, prompt_ids=r.items[i][0].token_ids)
+                     for i in ids]
+            rollouts = [SimpleNamespace(completion_ids=r.items[i][1]) for i in ids]
+            rewards = [r.rewards[i] for i in ids]
+        scored = asyncio.run(_add_model_scores(cfg, tokenizer, tasks, rollouts, rewards))
+        with self._cond:
+            r.rewards.update(zip(ids, scored))
+
+
+async def _add_model_scores(cfg: TetherConfig, tokenizer, tasks, rollouts, rewards) -> list[float]:
+    from actors.scorer import build_scorers, score_items
+    from tasks.scorers import make_item
+
+    scorers = await build_scorers(cfg, judge_engine_kind="hf")
+    weights = {s.name: s.weight for s in scorers}
+    items = [make_item(tokenizer, t.meta, t.prompt_ids, r.completion_ids)
+             for t, r in zip(tasks, rollouts)]
+    n = cfg.scoring.batch_size
+    out = list(rewards)
+    try:
+        for lo in range(0, len(items), n):
+            for i, scores in enumerate(await score_items(scorers, items[lo:lo + n]), start=lo):
+                out[i] += sum(weights[k] * (0.0 if v != v else v) for k, v in scores.items())
+    finally:
+        for s in scorers:
+            await s.close()
+    return out

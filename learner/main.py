@@ -40,16 +40,19 @@ from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.placement import Placement
-from configs.schema import TetherConfig
-from learner import distributed, tracking
+from configs.schema import TetherConfig, model_scorers
+from learner import distributed
+from learner.backends.registry import make_backend
+from learner.obs import tracking
 from learner.evaluate import evaluate
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors, node_placement
-from learner.metrics import MetricsLog
+from learner.local_scorers import LocalScorers
+from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.server import LearnerServer
-from learner.timeline import Timeline
-from learner.trainer import Trainer
+from learner.obs.timeline import Timeline
+from learner.algo.trainer import Trainer
 from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
@@ -72,7 +75,7 @@ def run(cfg: TetherConfig) -> dict | None:
     on_cuda = devices.resolve_device(L.device, "learner.device").type == "cuda"  # NVML only
     placement = node_placement(cfg, on_cuda)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    ranks = distributed.start(L.backend.kind, L.device,
+    ranks = distributed.start(L.backend, L.device,
                               gpu=placement.learner[local_rank][0] if placement.learner else None,
                               timeout_s=L.collective_timeout_s)
     devices.limit_cpu_threads(ranks.device)
@@ -87,10 +90,8 @@ def run(cfg: TetherConfig) -> dict | None:
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
-    tp_pp = (L.backend.tp, L.backend.pp) if L.backend.kind == "megatron" else (1, 1)
-    backend = distributed.make_backend(L.backend.kind, model_dir, L.lr, L.weight_decay, L.seed,
-                                       ranks, devices.torch_dtype(cfg.model.dtype), tp=tp_pp[0],
-                                       pp=tp_pp[1], lora=L.lora)
+    backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
@@ -139,6 +140,7 @@ class LeadState:
     leases: LeaseTable
     server: LearnerServer
     actors: LocalActors
+    scorers: LocalScorers
     metrics: MetricsLog
     eval_start: int
     """The version whose evaluation was queued at start."""
@@ -153,7 +155,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
           placement: Placement | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, bind the sockets, announce v, queue
     its held-out evaluation on the actors, start the local actors (on `actor_cpus`, one list per
-    actor, if given; on the GPUs `placement` gives them)."""
+    actor, if given; on the GPUs `placement` gives them) and scorers."""
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -183,11 +185,12 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     log.info("held-out evaluation of v%d queued on the actors (%d prompts)", version,
              cfg.task.eval_prompts)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus, placement)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir, placement)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
-                     server=server, actors=actors, metrics=metrics, eval_start=version,
-                     version=version, packed=packed)
+                     server=server, actors=actors, scorers=scorers, metrics=metrics,
+                     eval_start=version, version=version, packed=packed)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -251,10 +254,12 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
 
 
 def _stop_fleet(st: LeadState, reason: str) -> None:
-    """Tell the actors to shut down, close the sockets, reap local actors (idempotent)."""
+    """Tell the actors and scorers to shut down, close the sockets, reap the local ones
+    (idempotent)."""
     if st.server.is_alive():
         st.server.stop(reason)
         st.actors.reap()
+        st.scorers.reap()
 
 
 def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
@@ -285,6 +290,11 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     write_export()
     evals = {name: _wait_evaluation(cfg, st, v)
              for name, v in (("start", st.eval_start), ("end", st.version))}
+    if model_scorers(cfg):  # the scorers' share of each round's rewards, scored here
+        for v in {st.eval_start, st.version}:
+            st.server.evaluations.rescore(v, cfg, st.tokenizer)
+        evals = {name: {**st.server.evaluations.result(r["version"]), "where": r["where"]}
+                 for name, r in evals.items()}
     if evals["end"]["samples"] < evals["end"]["prompts"]:  # no actor left: the local fallback
         evals["end"] = _evaluate_locally(cfg, st, run_dir / "final_model", team.ranks.device)
     _stop_fleet(st, reason)
@@ -314,7 +324,7 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
 def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device) -> dict:
     """The end round where no actor is left to serve it: the exported model in an HF engine in
     this process (rank 0 alone, after training; the only time the learner holds an engine)."""
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
 
     log.warning("no actor evaluated v%d: evaluating the exported model in this process",
                 st.version)
@@ -479,17 +489,22 @@ def _summary(cfg: TetherConfig, st: LeadState, evals: dict, wall: float, reason:
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
-    accounted = bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+    scoring = snap["scoring"]
+    accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
+                 + scoring.get("groups", 0))
     return {
         "eval_reward_start": evals["start"]["reward"], "eval_reward_end": evals["end"]["reward"],
         "evaluations": evals, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
-                   "outstanding": lc["outstanding"], "in_buffer": bc["size"]},
+                   "outstanding": lc["outstanding"], "in_buffer": bc["size"],
+                   "scoring": scoring.get("groups", 0)},
         "buffer": bc, "rejected_messages": snap["rejected"], "disconnects": snap["disconnects"],
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
-        "accounting_ok": accounted == lc["granted"],
+        "scoring": scoring,
+        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
+            scoring["scored"] + scoring["failed"] + scoring["live"])),
         "metrics_summary": st.metrics.summary(),
     }

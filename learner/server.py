@@ -11,6 +11,9 @@ What blocks where:
   * A WorkRequest is parked (no reply) until the capacity rule admits new leases; the actor
     keeps heartbeating meanwhile, so a parked actor is never mistaken for a dead one.
   * An actor silent for `peer_timeout_s` is dead: its leases expire and are granted again.
+  * With model scorers (task.scorers), a validated group waits in the scoring desk
+    (learner/scoring.py) until every sample is scored; groups there hold buffer room, so the
+    trajectory socket is read only while buffer + desk have room (the same backpressure).
   * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
     the immutable buckets of the current version, so queueing them costs no copies, and a
     ROUTER at its high-water mark would silently drop buckets.
@@ -34,11 +37,12 @@ import zmq
 from buffer.record import TrajGroup
 from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
-from configs.schema import TetherConfig, max_completion_tokens
-from learner.advantages import is_uniform
+from configs.schema import TetherConfig, max_completion_tokens, model_scorers
+from learner.algo.advantages import is_uniform
 from learner.evaluate import Evaluations
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
+from learner.scoring import ScoringDesk
 from learner.validate import InvalidTrajectory, to_group
 from transport import messages as m
 from transport import security
@@ -99,6 +103,9 @@ class LearnerServer(threading.Thread):
         self._dec = m.Decoders()
         self._ctx = sockets.context(self.tcfg)
         self._bind_sockets()
+        self.desk = ScoringDesk(cfg, self._send_control) if model_scorers(cfg) else None
+        """The scorer fleet's broker (None without model scorers: groups go straight to the
+        buffer)."""
 
     # ------------------------------------------------------------ setup
     def _bind_sockets(self) -> None:
@@ -161,6 +168,14 @@ class LearnerServer(threading.Thread):
         if self.tcfg.kind != "inproc":  # the process-wide context outlives one run
             self._ctx.term()
 
+    def _send_control(self, identity: bytes, msg) -> None:
+        self.control.send_multipart([identity, self._enc.encode(msg)], zmq.NOBLOCK)
+
+    def _room(self) -> int:
+        """Groups the trajectory socket may deliver now: the buffer's room less the groups
+        being scored (which go there once scored)."""
+        return self.buffer.room() - (len(self.desk) if self.desk is not None else 0)
+
     def _command(self, cmd: tuple) -> None:
         # Under the lock the I/O thread cannot take the command (and, for "stop", close the
         # wake socket) before the wake-up is sent.
@@ -179,6 +194,7 @@ class LearnerServer(threading.Thread):
                 "rejected": dict(self.rejected),
                 "disconnects": dict(self.disconnects),
                 **self.reports.snapshot(),
+                "scoring": self.desk.snapshot() if self.desk is not None else {},
             }
 
     def checkpoint_state(self) -> tuple[dict, dict]:
@@ -186,7 +202,12 @@ class LearnerServer(threading.Thread):
         group moves in between."""
         with self._lock:
             buffer_state, arrays = self.buffer.export()
-            return {"leases": self.leases.state(), "buffer": buffer_state}, arrays
+            leases = self.leases.state()
+            if self.desk is not None:  # groups being scored: outstanding for a resumed run
+                leases["outstanding"] += [[r.lease_id, r.prompt.prompt_id, r.actor_id,
+                                           r.incarnation, r.num_samples, r.min_version]
+                                          for r in self.desk.records()]
+            return {"leases": leases, "buffer": buffer_state}, arrays
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -200,7 +221,7 @@ class LearnerServer(threading.Thread):
         stopping: str | None = None
         next_expiry = 0.0
         while stopping is None:
-            want = self.buffer.has_room() or self.finishing
+            want = self._room() > 0 or self.finishing
             if want != reading_trajectories:
                 if want:
                     poller.register(self.trajectory, zmq.POLLIN)
@@ -221,6 +242,9 @@ class LearnerServer(threading.Thread):
                     if mon in events:
                         self._drain(mon, lambda frames, name=name: self._on_disconnect(name))
                 stopping = self._run_commands()
+                if self.desk is not None:
+                    self.desk.tick()
+                    self._take_scored()
                 if time.monotonic() >= next_expiry:  # O(actors + leases): once per tick is enough
                     self._expire_dead_actors()
                     next_expiry = time.monotonic() + TICK_MS / 1000
@@ -240,8 +264,7 @@ class LearnerServer(threading.Thread):
         the valid ones to the buffer together: one lock and one wake-up of the trainer per
         batch. Frames are not copied: msgspec decodes straight from ZeroMQ's buffer."""
         groups = []
-        room = self.buffer.room()
-        for _ in range(limit if self.finishing else min(limit, room)):
+        for _ in range(limit if self.finishing else min(limit, self._room())):
             try:
                 frames = self.trajectory.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -249,10 +272,22 @@ class LearnerServer(threading.Thread):
             group = self._on_trajectory(frames)
             if group is not None:
                 groups.append(group)
-        if len(groups) > room:  # only while finishing: nobody trains on them any more
+        self._put(groups)
+
+    def _put(self, groups: list[TrajGroup]) -> None:
+        """Into the buffer; while finishing (trajectories read whatever the room), those that do
+        not fit are dropped as after_end: nobody trains on them any more."""
+        room = self.buffer.room()
+        if len(groups) > room:
             self.leases.drops.add(DropReason.AFTER_END, len(groups) - room)
             groups = groups[:room]
         self.buffer.put_many(groups)
+
+    def _take_scored(self) -> None:
+        """Groups whose every sample is scored: counted, and kept (or dropped as uniform)."""
+        groups = [g for w in self.desk.take_finished()
+                  if (g := self._keep(w.msg, w.rec, w.group)) is not None]
+        self._put(groups)
 
     def _run_commands(self) -> str | None:
         while True:
@@ -276,9 +311,13 @@ class LearnerServer(threading.Thread):
 
     def _shutdown(self, reason: str) -> None:
         msg = self._enc.encode(m.Shutdown(reason=reason))
-        for st in self.actors.values():
-            self.control.send_multipart([st.identity, msg], zmq.NOBLOCK)
-        log.info("told %d actor(s) to shut down: %s", len(self.actors), reason)
+        peers = [st.identity for st in self.actors.values()]
+        if self.desk is not None:
+            peers += [link.identity for link in self.desk.scorers.values()]
+        for identity in peers:
+            self.control.send_multipart([identity, msg], zmq.NOBLOCK)
+        log.info("told %d actor(s) and %d scorer(s) to shut down: %s", len(self.actors),
+                 len(peers) - len(self.actors), reason)
         for sock in (self.control, self.trajectory, self.weights):
             sock.disable_monitor()
         for sock in (*self._monitors, self.control, self.trajectory, self.weights, self._wake_rx):
@@ -315,6 +354,8 @@ class LearnerServer(threading.Thread):
         match msg:
             case m.Hello():
                 self._on_hello(identity, msg)
+            case m.ScorerHello() | m.ScorerHeartbeat() | m.ScoreDone():
+                self._on_scorer(identity, msg)
             case m.WorkRequest() | m.Heartbeat() | m.Goodbye():
                 st = self.actors.get(msg.actor_id)
                 if st is None or st.identity != identity:
@@ -383,6 +424,44 @@ class LearnerServer(threading.Thread):
                 self.leases.expire_actor(aid)
                 del self.actors[aid]
                 log.info("actor %s left; %d connected", aid, len(self.actors))
+
+    def _on_scorer(self, identity: bytes, msg) -> None:
+        if self.desk is None:
+            self._reject("no_scorers", "this run has no model scorers (task.scorers)", identity)
+            return
+        if isinstance(msg, m.ScorerHello):
+            if msg.protocol_version != m.PROTOCOL_VERSION:
+                self._reject("protocol_version",
+                             f"protocol version mismatch: scorer {msg.scorer_id!r} speaks "
+                             f"v{msg.protocol_version}, learner speaks v{m.PROTOCOL_VERSION}",
+                             identity)
+                return
+            refused = self.desk.hello(identity, msg)
+            if refused:
+                self._reject("bad_scorer", refused, identity)
+                return
+            self._send_control(identity, m.ScorerWelcome(
+                protocol_version=m.PROTOCOL_VERSION, scorer_id=msg.scorer_id,
+                heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
+                model_files=self.model_files, run_id=self.run_id))
+            return
+        if self.desk.seen(msg.scorer_id, identity) is None:
+            self._reject("not_registered", f"scorer {msg.scorer_id!r} must send ScorerHello "
+                         "first", identity)
+            return
+        match msg:
+            case m.ScorerHeartbeat(scorer_id=sid, scored=n, busy_us=busy):
+                if n < 0 or busy < 0:
+                    self._reject("malformed", f"heartbeat of scorer {sid!r}: negative counts",
+                                 identity)
+                    return
+                if self.timeline is not None:
+                    self.timeline.scorer_beat(sid, n, busy)
+                self._send_control(identity, m.HeartbeatAck(latest_version=self.version))
+            case m.ScoreDone():
+                problem = self.desk.on_done(msg)
+                if problem:
+                    self._reject("malformed", problem)
 
     def _serve_parked(self) -> None:
         for aid, st in list(self.actors.items()):
@@ -458,6 +537,13 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.INVALID)
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
+        if self.desk is not None:  # to the buffer once every sample is scored (_take_scored)
+            self.desk.add(msg, rec, group)
+            return None
+        return self._keep(msg, rec, group)
+
+    def _keep(self, msg: m.GroupResult, rec: LeaseRecord, group: TrajGroup) -> TrajGroup | None:
+        """Count a scored group's reports; the group, or None when it is dropped as uniform."""
         self.reports.count(msg)
         if self.cfg.learner.drop_uniform_groups and is_uniform(group.rewards):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
@@ -469,17 +555,18 @@ class LearnerServer(threading.Thread):
         or an invalid result scores 0 and is counted)."""
         error = any(s.error for s in msg.samples)
         versions = np.zeros(0, np.int32)
-        reward = 0.0
+        reward, item = 0.0, None
         if not error:
             try:
                 group = to_group(msg, rec, self.vocab_size, self.version,
                                  max_tokens=max_completion_tokens(self.cfg))
                 reward = float(group.rewards[0])
                 versions = np.concatenate(group.versions)
+                item = (rec.prompt, np.array(group.completions[0]))
             except InvalidTrajectory as e:
                 self._reject("invalid_trajectory", f"evaluation lease {rec.lease_id}: {e}")
                 error = True
-        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error)
+        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error, item)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

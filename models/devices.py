@@ -3,7 +3,7 @@
     learner  fp32 master weights + AdamW state on `learner.device`; forward passes in
              `model.dtype` (single: torch.autocast; fsdp2: FSDP2 MixedPrecisionPolicy with
              fp32 gradient reduction; megatron: torch.autocast around forward and backward,
-             fp32 gradient reduction, learner/megatron.py). Published weights are fp32.
+             fp32 gradient reduction, learner/backends/megatron/backend.py). Published weights are fp32.
     engines  HF: the model itself in `model.dtype` on `actors.engine.device`; vLLM: `dtype=model.dtype`
              on vLLM's own platform (its wheel: CUDA or CPU).
 

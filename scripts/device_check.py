@@ -253,7 +253,7 @@ def _meta_params(config: dict) -> int:
 def learner_memory(ns, work: Path, tiny: Path) -> dict:
     import torch
 
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models import devices, sizing
 
     device = torch.device("cpu") if ns.dry_run else torch.device("cuda", 0)
@@ -362,9 +362,9 @@ def logprob_gap(backend, ps: list, outs: list) -> dict:
 def engine(ns, work: Path, tiny: Path) -> dict:
     import torch
 
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
-    from learner.backend import SingleProcessBackend
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
+    from learner.backends.single import SingleProcessBackend
     from models import devices
 
     device = devices.resolve_device("cpu" if ns.dry_run else "cuda", "device_check")

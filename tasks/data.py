@@ -228,6 +228,6 @@ class DataTask:
 
 def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> DataTask:
     """`task.name: data` (= `tasks.data:make_task`)."""
-    if not cfg.reward:
-        raise DataError("task.reward must name a reward function for task.name=data")
+    if not cfg.reward and not cfg.scorers:
+        raise DataError("task.reward (or task.scorers) must name a reward for task.name=data")
     return DataTask(cfg, tokenizer, seed)

@@ -114,13 +114,13 @@ def main() -> int:
     print(json.dumps({"patched": patched}))
 
     import actors.__main__  # noqa: F401  (the entry point's imports)
-    import actors.hf_engine
-    import actors.sglang_engine
-    import actors.vllm_engine
+    import actors.engines.hf
+    import actors.engines.sglang.engine
+    import actors.engines.vllm.engine
 
-    actors.vllm_engine.VLLMEngine = recorder("vllm")
-    actors.sglang_engine.SGLangEngine = recorder("sglang")
-    actors.hf_engine.HFEngine = recorder("hf")
+    actors.engines.vllm.engine.VLLMEngine = recorder("vllm")
+    actors.engines.sglang.engine.SGLangEngine = recorder("sglang")
+    actors.engines.hf.HFEngine = recorder("hf")
     for engine in engines:
         print(json.dumps(probe(engine, model_dir)), flush=True)
     if "--control" in flags:

@@ -30,7 +30,8 @@ from buffer.record import TrajGroup
 from configs.loader import load_config
 from configs.schema import FSDP2BackendConfig
 from learner import distributed
-from learner.trainer import Trainer
+from learner.backends.registry import make_backend
+from learner.algo.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "toy_reverse.yaml"
@@ -93,8 +94,8 @@ def make(cfg, ranks):
 
     cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
-    backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks, torch_dtype(cfg.model.dtype), lora=L.lora)
+    backend = make_backend(L.backend, Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
+                           ranks.device, torch_dtype(cfg.model.dtype), lora=L.lora)
     return backend, Trainer(cfg, backend, pad_id=0,
                             models=distributed.make_models(cfg, ranks, backend))
 
@@ -187,7 +188,7 @@ def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") ->
 def main() -> None:
     mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
-    ranks = distributed.start("fsdp2")
+    ranks = distributed.start(FSDP2BackendConfig())
     {"train": train, "resume": resume, "lora": lora}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from configs.schema import LearnerConfig
-from learner import advantages as A
-from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.algo import advantages as A
+from learner.algo.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
 
 TOL = 1e-6
 
@@ -171,6 +171,61 @@ def test_gspo_equals_zheng_2025(seed):
         a = adv[i].item()
         terms.append(min(s * a, min(max(s, 0.9), 1.15) * a))
     assert loss.item() == pytest.approx(-sum(terms) / len(terms), abs=TOL)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gspo_token_equals_zheng_2025(seed):
+    """GSPO-token (Zheng et al. 2025, eqs. 13-14): J = sum_i sum_t w_it min(s_it A_it,
+    clip(s_it) A_it) / N with s_it = sg[s_i] pi_theta(y_it) / sg[pi_theta(y_it)], so the value is
+    GSPO's and d(-J)/d log pi_theta(y_it) = -w_it A_it s_i / N where the unclipped term is the
+    min, else 0. Token-level advantages and decoupled per-token IS weights w = min(pi_prox/mu, C)
+    (Tether: token_mean over N trained tokens, anchor pi_prox)."""
+    logp, behavior, _, mask = _policy_inputs(seed)
+    g = torch.Generator().manual_seed(200 + seed)
+    prox = (behavior + 0.2 * torch.randn(mask.shape, generator=g)) * mask
+    adv = torch.randn(mask.shape, generator=g) * mask
+    logp = logp.clone().requires_grad_(True)
+    cfg = LearnerConfig(correction="decoupled", ratio_level="sequence", is_cap=1.5,
+                        clip_low=0.1, clip_high=0.15)
+    loss, _ = policy_loss(logp, behavior, prox, adv, mask, torch.zeros_like(mask), cfg, 9)
+    loss.backward()
+    n = mask.sum().item()
+    want, want_grad = 0.0, torch.zeros_like(mask, dtype=torch.float64)
+    for i in range(len(mask)):
+        lp, px = _trained(logp.detach(), mask, i), _trained(prox, mask, i)
+        s = math.exp((sum(lp) - sum(px)) / len(lp))
+        cols = torch.nonzero(mask[i]).flatten().tolist()
+        for t in cols:
+            a = adv[i, t].item()
+            w = min(math.exp(prox[i, t].item() - behavior[i, t].item()), 1.5)
+            clipped = min(max(s, 0.9), 1.15)
+            want += w * min(s * a, clipped * a) / n
+            want_grad[i, t] = -w * a * s / n if s * a <= clipped * a else 0.0
+    assert loss.item() == pytest.approx(-want, abs=TOL)
+    torch.testing.assert_close(logp.grad.double(), want_grad, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("correction, is_level", [("none", "token"), ("decoupled", "sequence")])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_gspo_sequence_form_equals_gspo_token_for_outcome_advantages(correction, is_level, agg):
+    """Zheng et al. 2025 (after eq. 14): with A_it = A_i (and a weight constant in the sample)
+    GSPO-token equals GSPO in value, clipping and gradient. One advantage per row uses the
+    sequence ratio; the same advantage repeated on every token uses GSPO-token."""
+    logp, behavior, adv, mask = _policy_inputs(2)  # sequence ratios 0.80, 0.75, 1.12, 1.10
+    noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(7))
+    prox = (behavior + 0.02 * noise) * mask
+    cfg = LearnerConfig(correction=correction, is_level=is_level, ratio_level="sequence",
+                        loss_agg=agg, clip_low=0.1, clip_high=0.1, is_cap=5.0)
+    out = []
+    for a in (adv, adv[:, None].expand_as(mask)):
+        lp = logp.clone().requires_grad_(True)
+        loss, stats = policy_loss(lp, behavior, prox, a, mask, torch.zeros_like(mask), cfg, 9)
+        loss.backward()
+        out.append((loss.item(), lp.grad, stats["clip_frac"].item()))
+    (seq_loss, seq_grad, seq_clip), (tok_loss, tok_grad, tok_clip) = out
+    assert 0 < seq_clip < 1 and seq_clip == tok_clip  # some rows clipped, the same ones
+    assert seq_loss == tok_loss
+    torch.testing.assert_close(tok_grad, seq_grad, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -102,10 +102,10 @@ def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
 
 def test_good_agent_fields_load():
     cfg = load_config(PRESET, ["actors.agent=openai", "task.max_new_tokens=12",
-                               "actors.agent.function=actors.openai_example:calculator_agent",
+                               "actors.agent.function=actors.agents.openai.example:calculator_agent",
                                "actors.agent.max_total_tokens=12"])
     assert cfg.actors.agent.kind == "openai" and cfg.actors.agent.max_total_tokens == 12
-    assert cfg.actors.agent.function == "actors.openai_example:calculator_agent"
+    assert cfg.actors.agent.function == "actors.agents.openai.example:calculator_agent"
     cfg = load_config(PRESET, ["actors.agent=tools", "actors.agent.tools=calc,python"])
     assert cfg.actors.agent.kind == "tools" and cfg.actors.agent.tools == "calc,python"
     with pytest.raises(ConfigError, match="unknown config key 'actors.agent.function' for "
@@ -213,7 +213,7 @@ def test_resolved_config_round_trips(tmp_path):
      "actors.engine.enforce_eager must be bool or null, got 3"),
     (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment, verifiers or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
-                   "max_staleness, model, placement, run_dir, task, transport)"),
+                   "max_staleness, model, placement, run_dir, scoring, task, transport)"),
 ])
 def test_field_constraints_name_the_field_and_the_rule(override, expected):
     with pytest.raises(ConfigError) as e:

@@ -45,7 +45,7 @@ def test_defaults_keep_the_cpu_float32_path():
 
 
 def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models.logprobs import token_logprobs
 
     b = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0)
@@ -57,9 +57,9 @@ def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
 def test_bfloat16_engine_and_learner_on_cpu_agree_to_bf16_precision(tiny_model_dir):
     """HF engine weights in bf16 vs the learner's fp32 weights under bf16 autocast: the same
     policy within bf16 rounding, and measurably not float32."""
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
-    from learner.backend import SingleProcessBackend
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
+    from learner.backends.single import SingleProcessBackend
 
     learner = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0, torch.device("cpu"),
                                    torch.bfloat16)

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from actors.engine import GenerateRequest, sample_seed
-from actors.hf_engine import HFEngine
-from learner.backend import SingleProcessBackend
-from learner.batch import collate
+from actors.engines.base import GenerateRequest, sample_seed
+from actors.engines.hf import HFEngine
+from learner.backends.single import SingleProcessBackend
+from learner.algo.batch import collate
 from models.logprobs import token_logprobs
 from transport.weights import pack, unpack
 
@@ -130,7 +130,7 @@ def test_unpack_gives_every_tensor_back_from_one_copy_per_bucket():
 def test_kv_cache_sampling_draws_from_the_full_context_distribution(engine):
     """Each token must be sampled given the whole prefix: replay every row with the same
     generator but a full forward pass per token (no cache) and get the same tokens."""
-    from actors.engine import versioned_seed
+    from actors.engines.base import versioned_seed
 
     reqs = [_req(PROMPT if i % 2 else OTHER, i, mnt=6) for i in range(16)]
     outs = engine.generate(reqs)

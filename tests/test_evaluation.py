@@ -46,8 +46,8 @@ def test_evaluation_leases_go_first_outside_capacity_and_accounting():
 
 def test_actors_evaluate_and_the_learner_trains_on_none_of_it(tmp_path, tiny_model_dir,
                                                               monkeypatch):
-    from actors import hf_engine
-    from learner import trainer
+    from actors.engines import hf as hf_engine
+    from learner.algo import trainer
 
     engines, trained = [], []
     real_engine, real_step = hf_engine.HFEngine.__init__, trainer.Trainer.step

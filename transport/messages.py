@@ -12,6 +12,9 @@ Channels (learner binds, actors connect):
     trajectory  actor PUSH     ->  learner PULL     GroupResult
     weights     actor DEALER  <->  learner ROUTER   WeightRequest -> WeightManifest, then
                                                      num_buckets x [WeightBucket header, raw bytes]
+    control     scorer DEALER <->  learner ROUTER   ScorerHello, ScorerHeartbeat, ScoreDone
+                                                     -> ScorerWelcome, Reject, ScoreBatch,
+                                                        HeartbeatAck, Shutdown
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
-and Welcome.leases_kept (which leases survive a learner restart)."""
+and Welcome.leases_kept (which leases survive a learner restart). 6: the scorer fleet (ScorerHello,
+ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -94,7 +98,7 @@ class WorkRequest(msgspec.Struct, tag="work"):
 
 
 ACTOR_STATES = ("wait_grant", "wait_weights", "generate", "send")
-"""The states of an actor's work loop, one at a time (learner/timeline.py)."""
+"""The states of an actor's work loop, one at a time (learner/obs/timeline.py)."""
 SPAN_STATES = ACTOR_STATES + ("pull_weights",)
 """What a Span may name: a work-loop state, or a weight pull (which runs beside them)."""
 MAX_SPANS = 4096
@@ -116,7 +120,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     actor_id: str
     weight_version: int
     spans: list[Span] = []
-    """The actor's time spans since its previous heartbeat (learner/timeline.py)."""
+    """The actor's time spans since its previous heartbeat (learner/obs/timeline.py)."""
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
@@ -226,7 +230,7 @@ class Sample(msgspec.Struct, gc=False):
     scores: dict[str, float] = msgspec.field(default_factory=dict)
     """Named scores of the reward (e.g. correct, tokens, reward_timeout), logged by the learner."""
     tool_parse_errors: int = 0
-    """Model turns whose tool calls did not parse (actors/tool_parsers.py)."""
+    """Model turns whose tool calls did not parse (actors/agents/tool_parsers.py)."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):
@@ -353,11 +357,91 @@ class WeightBucket(msgspec.Struct, tag="bucket"):
 WeightsToActor = WeightManifest | WeightBucket
 
 
+# ---------------------------------------------------------------- control: scorer <-> learner
+
+class ScorerHello(msgspec.Struct, tag="scorer_hello"):
+    """Scorer -> learner, first message on the control socket (and again after a reconnect).
+    A known scorer_id with a new `incarnation` is a restarted scorer: the batches its
+    predecessor held go to other scorers at once."""
+
+    protocol_version: int
+    scorer_id: str
+    incarnation: str
+    scorers: list[str]
+    """The names of the model scorers it runs (must be exactly the config's model scorers)."""
+
+
+class ScorerHeartbeat(msgspec.Struct, tag="scorer_heartbeat"):
+    """Scorer -> learner every `transport.heartbeat_s`, also while it scores."""
+
+    scorer_id: str
+    scored: int = 0
+    """Samples it scored since its previous heartbeat."""
+    busy_us: int = 0
+    """Microseconds it spent scoring since its previous heartbeat (learner/timeline.py)."""
+
+
+class ItemScores(msgspec.Struct, array_like=True):
+    """Inside ScoreDone: the scores of one item, by model scorer name (NaN = unreadable)."""
+
+    item_id: int
+    scores: dict[str, float]
+
+
+class ScoreDone(msgspec.Struct, tag="score_done"):
+    """Scorer -> learner: the answer to one ScoreBatch, every item's scores in one message, or
+    `error` (the batch failed; the learner gives it to another scorer)."""
+
+    scorer_id: str
+    batch_id: int
+    results: list[ItemScores]
+    error: str = ""
+
+
+ScorerToLearner = ScorerHello | ScorerHeartbeat | ScoreDone
+ControlToLearner = ActorToLearner | ScorerToLearner
+"""What the learner's control ROUTER receives, from actors and scorers."""
+
+
+class ScorerWelcome(msgspec.Struct, tag="scorer_welcome"):
+    """Learner -> scorer, the answer to a valid ScorerHello: the policy's tokenizer files (to
+    decode what it scores) and the liveness settings."""
+
+    protocol_version: int
+    scorer_id: str
+    heartbeat_s: float
+    peer_timeout_s: float
+    model_files: dict[str, bytes]
+    run_id: str
+
+
+class ScoreItem(msgspec.Struct, array_like=True):
+    """Inside ScoreBatch: one finished sample to score."""
+
+    item_id: int
+    prompt_ids: Array
+    completion_ids: Array
+    meta: dict[str, str]
+
+
+class ScoreBatch(msgspec.Struct, tag="score_batch"):
+    """Learner -> scorer: score these samples (of any actors) with every model scorer; answer
+    with one ScoreDone. A batch not answered within `scoring.batch_timeout_s` is given to
+    another scorer and this one's late answer is ignored."""
+
+    batch_id: int
+    items: list[ScoreItem]
+
+
+LearnerToScorer = ScorerWelcome | Reject | ScoreBatch | HeartbeatAck | Shutdown
+
+
 class Decoders:
     """One decoder per socket role, built once (msgspec decoders are reusable)."""
 
     def __init__(self) -> None:
-        self.from_actor = msgspec.msgpack.Decoder(ActorToLearner)
+        self.from_actor = msgspec.msgpack.Decoder(ControlToLearner)
+        self.to_scorer = msgspec.msgpack.Decoder(LearnerToScorer)
         self.to_actor = msgspec.msgpack.Decoder(LearnerToActor)
         self.trajectory = msgspec.msgpack.Decoder(GroupResult)
         self.weight_request = msgspec.msgpack.Decoder(WeightRequest)
