@@ -206,6 +206,16 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
     try:
         sigterm.raising = team.ranks.world == 1  # several ranks: between steps (collectives)
         tl = team.trainer.timeline
+        # The first step waits for the start round: until then the actors sample with exactly
+        # this version (a resumed run could otherwise step on buffered groups at once and have
+        # the round sampled by its successor). Later steps never wait for an evaluation.
+        while not st.server.evaluations.wait(st.eval_start, WAIT_LOG_S):
+            team.check_interrupt()
+            r = st.server.evaluations.result(st.eval_start)
+            log.info("v%d: evaluation %d/%d in before the first step", st.version, r["samples"],
+                     r["prompts"])
+            _log_waiting(st)
+            team.idle()
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
             if time.monotonic() >= deadline:
