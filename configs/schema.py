@@ -71,8 +71,8 @@ class TaskConfig(Section):
     data_path: str = ""
     """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
     data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
-    eval_prompts: Count = 128
-    """Held-out prompts scored (one sample each) at the start and end of a run."""
+    eval_prompts: NonNegative = 128
+    """Held-out prompts scored (one sample each) at the start and end of a run (0 = none)."""
     max_new_tokens: Count = 5
     """Most tokens an actor may generate per sample."""
     temperature: Positive = 1.0

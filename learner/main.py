@@ -181,7 +181,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
-    server.evaluate(version, task.eval_prompts(cfg.task.eval_prompts))
+    server.evaluate(version, task.eval_prompts(cfg.task.eval_prompts))  # 0: an empty round
     log.info("held-out evaluation of v%d queued on the actors (%d prompts)", version,
              cfg.task.eval_prompts)
     actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus, placement)
