@@ -54,6 +54,16 @@ from transport.weights import PackedWeights, unpack, write_file
 
 log = logging.getLogger(__name__)
 
+
+def _log_memory(phase: str) -> None:
+    """One line with this process's peak and current resident memory after a start-up phase
+    (lab/bench_memory.py reads them for its breakdown; Linux /proc only, else silent)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        f = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        log.info("memory after %s: VmHWM %d MiB, VmRSS %d MiB", phase,
+                 int(f["VmHWM"].split()[0]) // 1024, int(f["VmRSS"].split()[0]) // 1024)
+
 WAIT_LOG_S = 5.0
 """While waiting for trajectories, say what is missing this often."""
 
@@ -69,6 +79,7 @@ def run(cfg: TetherConfig) -> dict | None:
     t0 = time.monotonic()
     ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
     devices.limit_cpu_threads(ranks.device)
+    _log_memory("imports")
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
     run_id = ""
@@ -83,9 +94,11 @@ def run(cfg: TetherConfig) -> dict | None:
     backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
                            devices.torch_dtype(cfg.model.dtype), lora=L.lora,
                            activation_checkpointing=L.activation_checkpointing)
+    _log_memory("model load")
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
+    _log_memory("reference/critic models")
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
@@ -160,12 +173,17 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)
         team.trainer.models.load(checkpoint)
+    eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
+    if _borrows(eval_engine, cfg):
+        eval_engine.release_weights()  # it borrows the published weights for each evaluation
+    _log_memory("evaluation engine")
     base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
     packed = team.gather_weights(version)
-    eval_engine = HFEngine(model_dir, team.ranks.device, devices.torch_dtype(cfg.model.dtype))
+    _log_memory("published-weights copy")
     if base is not None:
         eval_engine.load_packed(base.manifest, list(base.buckets))
     eval_start = _evaluate(eval_engine, packed, task, cfg, tokenizer)
+    _log_memory("first evaluation")
     log.info("held-out reward at v%d: %s", version, eval_start)
     health = RewardHealth(cfg)
     health.check(eval_start.prompts - eval_start.errors, eval_start.reward_failures,
@@ -222,6 +240,8 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 continue
             step_t0 = time.monotonic()
             m = team.step(groups, st.version)
+            if st.version == 0:
+                _log_memory("first step (gradients, optimizer state, activations)")
             st.version += 1
             with tl.span("gather"):
                 st.packed = team.gather_weights(st.version)
@@ -300,10 +320,22 @@ def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
     return PackedWeights(manifest=notice, buckets=())
 
 
+def _borrows(engine, cfg: TetherConfig) -> bool:
+    """Whether the evaluation engine reads the published weights in place (full weights on
+    the CPU) instead of holding a copy of the model of its own."""
+    return cfg.learner.lora.rank == 0 and torch.device(engine.device).type == "cpu"
+
+
 def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> Evaluation:
-    """Held-out reward of the published weights `packed` (no second gather of the model)."""
-    engine.load_packed(packed.manifest, list(packed.buckets))
-    return held_out(engine, task, cfg, tokenizer)
+    """Held-out reward of the published weights `packed` (no second gather of the model; on
+    the CPU not even a copy: the engine borrows `packed`'s buckets for this evaluation)."""
+    if not _borrows(engine, cfg):
+        engine.load_packed(packed.manifest, list(packed.buckets))
+        return held_out(engine, task, cfg, tokenizer)
+    engine.borrow_packed(packed.manifest, list(packed.buckets))
+    result = held_out(engine, task, cfg, tokenizer)
+    engine.release_weights()
+    return result
 
 
 def _log_summary(summary: dict) -> None:
