@@ -271,6 +271,11 @@ class LearnerConfig(Section):
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
+    max_tokens_per_microbatch: NonNegative = 0
+    """Per rank: micro-batches of rows bucketed by length, at most this many tokens each
+    (rows x longest row), gradients accumulated (0 = one batch). single and fsdp2."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them."""
 
 
 class ActorsConfig(Section):
@@ -400,6 +405,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
              "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
              "(not built for megatron yet)", L.backend.kind)
+        need(L.max_tokens_per_microbatch == 0, "learner.backend",
+             "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
+             "batches into its own pipeline micro-batches)", L.backend.kind)
         need(L.lora.rank == 0, "learner.backend",
              "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)",
              L.backend.kind)

@@ -81,7 +81,8 @@ def run(cfg: TetherConfig) -> dict | None:
     tokenizer = load_tokenizer(model_dir)
     L = cfg.learner
     backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
-                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora,
+                           activation_checkpointing=L.activation_checkpointing)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
