@@ -5,21 +5,33 @@ process for the evaluation (batches of `scoring.batch_size`; judges on the HF en
 through the fleet.
 
 A rollout that raises (a bug in an agent, a client gone) is counted, logged (the first three)
-with its error, and left out of the mean, as an actor drops such a sample: it never ends the run."""
+with its error, and left out of the mean, as an actor drops such a sample: it never ends the run.
+
+Every evaluation of a process runs on one event loop, as every rollout of an actor does (`LOOP`):
+agent libraries keep async HTTP clients process-wide (openai-agents' shared httpx client,
+langchain-openai's per base URL, pydantic-ai's), bound to the loop that first used them. With a
+fresh loop per evaluation (asyncio.run), the final evaluation's rollouts failed with "Event loop
+is closed" (openai 3.x) or printed its tracebacks. The endpoint of each evaluation is closed on
+that loop when it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 from dataclasses import dataclass
 
-from actors.agents.registry import make_agent
+from actors.agents.registry import make_agent, served_endpoint
 from actors.rollout import RolloutTask
 from actors.engines.client import EngineClient
 from actors.engines.hf import HFEngine
 from configs.schema import TetherConfig, model_scorers
 
 log = logging.getLogger(__name__)
+
+LOOP = asyncio.Runner()
+"""The evaluations' event loop (made on first use, closed at exit; see the module docstring)."""
+atexit.register(LOOP.close)
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,8 @@ def held_out(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> Evaluation
         client = EngineClient(engine)
         rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks),
                                         return_exceptions=True)
+        if (endpoint := served_endpoint(agent)) is not None:
+            await endpoint.close_server()
         pairs = [(t, r) for t, r in zip(tasks, rollouts) if not isinstance(r, BaseException)]
         failed = [(t, r) for t, r in zip(tasks, rollouts) if isinstance(r, BaseException)]
         rewards = [r.reward for _, r in pairs]
@@ -58,7 +72,7 @@ def held_out(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> Evaluation
             rewards = await _add_model_scores(cfg, tokenizer, *zip(*pairs), rewards)
         return pairs, failed, rewards
 
-    pairs, failed, rewards = asyncio.run(run_all())
+    pairs, failed, rewards = LOOP.run(run_all())
     for t, e in failed[:3]:
         log.warning("held-out rollout of prompt %d failed (counted, left out of the mean): %r",
                     t.prompt_id, e)
