@@ -33,12 +33,15 @@ import zmq
 import zmq.asyncio
 
 from actors.agents.registry import make_agent
+from actors.join import EXIT_JOIN_TIMEOUT, FATAL, JoinWatch
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.agents.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
 from actors.weight_pull import WeightPuller
 from actors.engines.client import EngineClient
 from actors.engines.base import LLMClient
+from configs.loader import ConfigError
+from configs.run_settings import adopt
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport import security, sockets
@@ -50,6 +53,18 @@ log = logging.getLogger(__name__)
 class Rejected(Exception):
     """The learner refused this actor (e.g. protocol mismatch), or what answered at its address
     is no Tether learner; retrying would not help."""
+
+
+class CannotJoin(Exception):
+    """The actor cannot join, and says why in one line; `exit_code` as actors/join.py lists."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+JOIN_TICK_S = 0.2
+"""While joining, how often the connection's state is looked at."""
 
 
 class Link(enum.Enum):
@@ -113,6 +128,8 @@ class Actor:
         self.agent: Agent | None = None
         self._dtype: str | None = None
         self.stopped = asyncio.Event()
+        self.stop_reason = ""
+        """What stopped the actor (e.g. "signal 15"), once `stop` was called."""
         self.groups_done = 0
         self.tokens_done = 0
         self.status_t = time.monotonic()
@@ -126,6 +143,8 @@ class Actor:
         actor simply says Hello again. Work in progress is never thrown away."""
         t = self.cfg.transport
         self.control = self._socket(zmq.DEALER, t)
+        self.join_watch = None if t.kind == "inproc" else JoinWatch(
+            self.control, self.control_endpoint, t.peer_timeout_s, t.curve_server_public)
         self.control.connect(self.control_endpoint)
         self.trajectory = self.weights = None
         self.incarnation = uuid.uuid4().hex
@@ -152,8 +171,8 @@ class Actor:
         """Where this actor's time went since its last heartbeat (sent with it)."""
         tasks: list[asyncio.Task] = []
         try:
-            welcome = await self._first_join()
-            if welcome is None:  # our parent learner is gone: nothing to join
+            welcome = await self._joined_or_stopped()
+            if welcome is None:  # stopped, or our parent learner is gone: nothing to join
                 return 0
             self.trajectory = self._socket(zmq.PUSH, t)
             self.trajectory.connect(welcome.trajectory_endpoint)
@@ -172,7 +191,12 @@ class Actor:
         except Rejected as e:
             log.error("actor %s cannot join: %s", self.actor_id, e)
             return 3
+        except CannotJoin as e:
+            log.error("actor %s cannot join: %s", self.actor_id, e)
+            return e.exit_code
         finally:
+            if self.join_watch is not None:
+                self.join_watch.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -183,6 +207,30 @@ class Actor:
                                         if s is not None])
             for close in self._closers:
                 close()
+
+    def stop(self, why: str) -> None:
+        """Stop the actor in whatever state it is (a signal handler's call)."""
+        self.stop_reason = self.stop_reason or why
+        self.stopped.set()
+
+    async def _joined_or_stopped(self) -> m.Welcome | None:
+        """The first Welcome, or None once `stop` was called (or the parent learner is gone)."""
+        join = asyncio.create_task(self._first_join())
+        stop = asyncio.create_task(self.stopped.wait())
+        try:
+            done, _ = await asyncio.wait([join, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (join, stop):
+                task.cancel()
+        if join in done:
+            welcome = join.result()
+            if self.join_watch is not None:
+                self.join_watch.close()
+                self.join_watch = None
+            return welcome
+        log.info("actor %s stopped by %s before joining", self.actor_id,
+                 self.stop_reason or "request")
+        return None
 
     def _socket(self, kind: int, t) -> zmq.asyncio.Socket:
         sock = configure(self.ctx.socket(kind), t, limit_size=False)
@@ -221,11 +269,21 @@ class Actor:
         return self._dtype
 
     async def _first_join(self) -> m.Welcome | None:
-        """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
-        timeout = self.cfg.transport.peer_timeout_s
+        """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet. What
+        the connection shows is said once per change (actors/join.py); where waiting cannot
+        help, or past actors.join_timeout_s, it raises CannotJoin."""
+        t = self.cfg.transport
+        timeout, limit = t.peer_timeout_s, self.cfg.actors.join_timeout_s
+        deadline = time.monotonic() + limit if limit else float("inf")
+        log.info("actor %s joining the learner at %s", self.actor_id, self.control_endpoint)
+        said = None
+        next_hello = 0.0
         while True:
-            await self.control.send(self._hello())
-            if await self.control.poll(timeout * 1000):
+            now = time.monotonic()
+            if now >= next_hello:
+                await self.control.send(self._hello())
+                next_hello = now + timeout
+            if await self.control.poll(JOIN_TICK_S * 1000):
                 reply = await self.control.recv()
                 try:
                     msg = self.dec.to_actor.decode(reply)
@@ -235,14 +293,42 @@ class Actor:
                                    "is another service on that port?") from e
                 match msg:
                     case m.Welcome():
+                        self._adopt(msg.run_settings)
                         self._on_welcome(msg)
                         return msg
                     case m.Reject(reason=reason):
                         raise Rejected(reason)
             if self._parent_gone():
                 return None
-            log.info("no answer from learner at %s after %.0fs; saying hello again",
-                     self.control_endpoint, timeout)
+            if self.join_watch is None:
+                continue
+            await self.join_watch.read()
+            state = self.join_watch.state()
+            if state in FATAL:
+                raise CannotJoin(self.join_watch.message(state), FATAL[state])
+            if state is not said:
+                log.info("%s; saying hello every %.0fs%s", self.join_watch.message(state), timeout,
+                         f" (actors.join_timeout_s={limit:g})" if limit else "")
+                said = state
+            if time.monotonic() >= deadline:
+                raise CannotJoin(f"gave up after actors.join_timeout_s={limit:g}: "
+                                 f"{self.join_watch.message(state)}", EXIT_JOIN_TIMEOUT)
+
+    def _adopt(self, settings: dict) -> None:
+        """Run the learner's task, agent, reward and sampling settings (configs/run_settings.py)
+        instead of our own; a learner whose settings changed after the agent was built (a new
+        run at our address) cannot be served by this process."""
+        try:
+            cfg, changed = adopt(self.cfg, settings)
+        except ConfigError as e:
+            raise Rejected(str(e)) from None
+        if not changed:
+            return
+        if self.agent is not None:
+            raise Rejected(f"the learner's run settings changed since this actor built its agent "
+                           f"({'; '.join(changed)}): start the actor again")
+        log.warning("the learner's run settings replace this actor's: %s", "; ".join(changed))
+        self.cfg = cfg
 
     def _on_welcome(self, msg: m.Welcome) -> None:
         if self.run_id is not None and msg.run_id != self.run_id:
@@ -364,6 +450,7 @@ class Actor:
                     await self._rejoin(f"learner refused a message ({reason})")
                 case m.Welcome():
                     if self.link.state is Link.JOINING:
+                        self._adopt(msg.run_settings)
                         self._on_welcome(msg)
 
     def _announce(self, version: int) -> None:

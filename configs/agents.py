@@ -66,7 +66,8 @@ class OpenAIAgentConfig(EndpointAgentConfig, tag="openai", kw_only=True):
     """Your code, talking to the actor's OpenAI endpoint (docs/agents.md)."""
 
     function: ImportPath
-    """Your module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    """Your module:function (or file.py:function), called as fn(base_url, messages) (sync or
+    async) per sample."""
 
 
 class EnvironmentAgentConfig(EndpointAgentConfig, tag="environment"):

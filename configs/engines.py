@@ -17,10 +17,10 @@ class HFEngineConfig(Kind, tag="hf"):
     """transformers on the actor's own device (the CPU fallback; docs/operations.md)."""
 
     logprobs: Literal["forward", "sampling"] = "forward"
-    """Behavior logprobs from one more full forward over prompt + completion (forward:
-    batch-invariant and equal to the learner's recomputation, which η = 0's bitwise guarantees
-    need) or from the sampling steps' own KV-cache logits (sampling: no extra pass; differs
-    from the learner's by float rounding). docs/operations.md has the cost."""
+    """Behavior logprobs from one more forward over prompt + completion (forward: batch-invariant,
+    equal to the learner's recomputation, as η = 0's bitwise guarantee needs) or the sampling
+    steps' KV-cache logits (sampling: no extra pass, differs by float rounding; cost:
+    docs/operations.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs: auto (CUDA when present, else cpu) | cpu | cuda."""
 

@@ -155,7 +155,9 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
     if needs_critic(cfg):
         path = Path(M.critic_path or M.path)
         out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed,
-                                  ranks.device, dtype, model=ValueModel(path))
+                                  ranks.device, dtype,
+                                  model=ValueModel(path, meta=L.backend.kind == "fsdp2"),
+                                  activation_checkpointing=L.activation_checkpointing)
     return out
 
 

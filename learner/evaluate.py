@@ -5,35 +5,65 @@ On the fleet (the learner's runs, `Evaluations`): the learner queues one evaluat
 held-out prompt for the version it evaluates (learner/leases.py `add_eval`); actors serve them
 before training work, with the same seeds as the local path (run seed + 12345, sample 0), and
 their results come back on the trajectory channel, where the learner's I/O thread records them
-here instead of in the replay buffer: never trained on, and the trainer never waits for them
-(only the run's end does). The learner holds no copy of the policy for evaluation. Each round is
-tagged with the version it evaluates and reports the versions that actually sampled its tokens
-(an actor that already holds a newer version samples with it: start-of-run rounds may mix in
-v+1 when training outpaces them; the end round is exact, nothing newer exists). With model
-scorers in `task.scorers`, each round's rollouts are scored at the run's end by the learner
-(rank 0 alone, the other ranks gone), with the scorers built in its own process
-(`rescore`: batches of `scoring.batch_size`; judges on the HF engine), not through the fleet.
+here instead of in the replay buffer: never trained on. The learner holds no copy of the policy
+for evaluation; its first step waits for the start round (so that round is sampled with exactly
+its version), later steps never wait. Each round reports the versions that sampled its tokens.
+With model scorers in `task.scorers`, each round's rollouts are scored at the run's end by the
+learner (rank 0 alone, the other ranks gone), with the scorers built in its own process
+(`Evaluations.rescore`: batches of `scoring.batch_size`; judges on the HF engine).
 
-Locally (`evaluate`): an HF engine in this process, where no actor exists: the learner-alone
-tools (scripts/algo_study.py, scripts/staleness_study.py), and a learner's end round when every
-actor is gone (it loads the exported model, after the other ranks have left).
-"""
+Locally (`held_out`, `evaluate`): an HF engine in this process, where no actor exists: the
+learner-alone tools (scripts/algo_study.py, scripts/staleness_study.py), and a learner's end
+round when every actor is gone (it loads the exported model, after the other ranks have left).
+A rollout that raises (a bug in an agent, a client gone) is counted, logged (the first three)
+with its error, and left out of the mean, as an actor drops such a sample: it never ends the run.
+
+Every local evaluation of a process runs on one event loop, as every rollout of an actor does
+(`LOOP`): agent libraries keep async HTTP clients process-wide (openai-agents' shared httpx
+client, langchain-openai's per base URL, pydantic-ai's), bound to the loop that first used them.
+With a fresh loop per evaluation (asyncio.run), the final evaluation's rollouts failed with
+"Event loop is closed" (openai 3.x) or printed its tracebacks. The endpoint of each evaluation
+is closed on that loop when it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
-from actors.agents.registry import make_agent
+from actors.agents.registry import make_agent, served_endpoint
 from actors.rollout import RolloutTask
 from actors.engines.client import EngineClient
 from actors.engines.hf import HFEngine
 from configs.schema import TetherConfig, model_scorers
 
+log = logging.getLogger(__name__)
 
-def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
+LOOP = asyncio.Runner()
+"""The evaluations' event loop (made on first use, closed at exit; see the module docstring)."""
+atexit.register(LOOP.close)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    reward: float | None
+    """Mean reward of the rollouts that completed (None: none did)."""
+    errors: int
+    """Rollouts that raised."""
+    prompts: int
+    reward_failures: int = 0
+    """Completed rollouts whose reward call failed (error or timeout; scored 0)."""
+
+    def __str__(self) -> str:
+        reward = "n/a" if self.reward is None else f"{self.reward:.3f}"
+        return reward + (f" ({self.errors} of {self.prompts} rollouts failed)" if self.errors
+                         else "")
+
+
+def held_out(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> Evaluation:
     """Blocks while it generates; every sample is seeded from (seed + 12345, prompt id)."""
     prompts = task.eval_prompts(cfg.task.eval_prompts)
     agent = make_agent(cfg, task, tokenizer)
@@ -42,16 +72,32 @@ def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float:
                          temperature=cfg.task.temperature, run_seed=cfg.learner.seed + 12345)
              for p in prompts]
 
-    async def run_all() -> list[float]:
+    async def run_all() -> tuple[list, list, list[float]]:
         client = EngineClient(engine)
-        rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks))
-        rewards = [r.reward for r in rollouts]
-        if model_scorers(cfg):
-            rewards = await _add_model_scores(cfg, tokenizer, tasks, rollouts, rewards)
-        return rewards
+        rollouts = await asyncio.gather(*(agent.run(t, client) for t in tasks),
+                                        return_exceptions=True)
+        if (endpoint := served_endpoint(agent)) is not None:
+            await endpoint.close_server()
+        pairs = [(t, r) for t, r in zip(tasks, rollouts) if not isinstance(r, BaseException)]
+        failed = [(t, r) for t, r in zip(tasks, rollouts) if isinstance(r, BaseException)]
+        rewards = [r.reward for _, r in pairs]
+        if model_scorers(cfg) and pairs:
+            rewards = await _add_model_scores(cfg, tokenizer, *zip(*pairs), rewards)
+        return pairs, failed, rewards
 
-    rewards = asyncio.run(run_all())
-    return sum(rewards) / len(rewards)
+    pairs, failed, rewards = LOOP.run(run_all())
+    for t, e in failed[:3]:
+        log.warning("held-out rollout of prompt %d failed (counted, left out of the mean): %r",
+                    t.prompt_id, e)
+    reward_failures = sum(any(r.scores.get(f) for f in ("reward_error", "reward_timeout"))
+                          for _, r in pairs)
+    return Evaluation(sum(rewards) / len(rewards) if rewards else None, len(failed), len(tasks),
+                      reward_failures)
+
+
+def evaluate(engine: HFEngine, task, cfg: TetherConfig, tokenizer) -> float | None:
+    """The mean held-out reward alone (see `held_out`)."""
+    return held_out(engine, task, cfg, tokenizer).reward
 
 
 @dataclass
@@ -63,7 +109,10 @@ class EvalRound:
     rewards: dict[int, float] = field(default_factory=dict)
     """Evaluation lease id -> reward of its sample (a held-out prompt may be asked twice)."""
     errors: int = 0
-    """Samples whose agent raised or whose result failed validation (reward 0)."""
+    """Samples whose agent raised or whose result failed validation: counted, and left out of
+    the mean (as in `held_out`)."""
+    reward_failures: int = 0
+    """Samples whose reward call failed (error or timeout; scored 0 by the actor)."""
     min_version: int | None = None
     max_version: int | None = None
     """The versions that sampled this round's tokens."""
@@ -71,13 +120,13 @@ class EvalRound:
     """Lease id -> (prompt, completion ids), for scoring by model scorers at the end."""
 
     def done(self) -> bool:
-        return len(self.rewards) >= self.prompts
+        return len(self.rewards) + self.errors >= self.prompts
 
     def result(self) -> dict:
         n = len(self.rewards)
         return {"version": self.version, "reward": sum(self.rewards.values()) / n if n else None,
                 "samples": n, "prompts": self.prompts, "errors": self.errors,
-                "sampled_versions": [self.min_version, self.max_version], "where": "actors"}
+                "reward_failures": self.reward_failures, "sampled_versions": [self.min_version, self.max_version], "where": "actors"}
 
 
 class Evaluations:
@@ -93,14 +142,18 @@ class Evaluations:
             self._rounds[version] = EvalRound(version, prompts)
 
     def record(self, version: int, lease_id: int, reward: float, versions, error: bool,
-               item: tuple | None = None) -> None:
+               item: tuple | None = None, reward_failed: bool = False) -> None:
         """One evaluation lease's result (I/O thread); `item`: (prompt, completion ids)."""
         with self._cond:
             r = self._rounds[version]
-            r.rewards[lease_id] = 0.0 if error else float(reward)
+            r.reward_failures += reward_failed
+            if error:
+                r.errors += 1
+                self._cond.notify_all()
+                return
+            r.rewards[lease_id] = float(reward)
             if item is not None:
                 r.items[lease_id] = item
-            r.errors += bool(error)
             if len(versions):
                 lo, hi = int(versions.min()), int(versions.max())
                 r.min_version = lo if r.min_version is None else min(r.min_version, lo)
@@ -135,7 +188,7 @@ class Evaluations:
                      for i in ids]
             rollouts = [SimpleNamespace(completion_ids=r.items[i][1]) for i in ids]
             rewards = [r.rewards[i] for i in ids]
-        scored = asyncio.run(_add_model_scores(cfg, tokenizer, tasks, rollouts, rewards))
+        scored = LOOP.run(_add_model_scores(cfg, tokenizer, tasks, rollouts, rewards))
         with self._cond:
             r.rewards.update(zip(ids, scored))
 

@@ -41,15 +41,16 @@ from buffer.replay import ReplayBuffer
 from configs.loader import save_config
 from configs.placement import Placement
 from configs.schema import TetherConfig, model_scorers
-from learner import distributed
+from learner import distributed, run_dir as run_dirs
 from learner.backends.registry import make_backend
 from learner.obs import tracking
-from learner.evaluate import evaluate
+from learner.evaluate import held_out
 from learner.leases import LeaseTable
 from learner.local_actors import LocalActors, node_placement
 from learner.local_scorers import LocalScorers
 from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
+from learner.reward_health import RewardHealth
 from learner.server import LearnerServer
 from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
@@ -57,6 +58,16 @@ from models import devices
 from transport.weights import PackedWeights, unpack, write_file
 
 log = logging.getLogger(__name__)
+
+
+def _log_memory(phase: str) -> None:
+    """One line with this process's peak and current resident memory after a start-up phase
+    (lab/bench_memory.py reads them for its breakdown; Linux /proc only, else silent)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        f = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        log.info("memory after %s: VmHWM %d MiB, VmRSS %d MiB", phase,
+                 int(f["VmHWM"].split()[0]) // 1024, int(f["VmRSS"].split()[0]) // 1024)
 
 WAIT_LOG_S = 5.0
 """While waiting for trajectories, say what is missing this often."""
@@ -81,20 +92,25 @@ def run(cfg: TetherConfig) -> dict | None:
     devices.limit_cpu_threads(ranks.device)
     devices.enable_tf32(ranks.device)
     cfg.model.dtype = devices.resolve_dtype(cfg.model.dtype, ranks.device)  # saved: actors follow
+    _log_memory("imports")
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
+    run_id = ""
     if ranks.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_id = run_dirs.begin(cfg)  # a run_dir holding another run stops here
         save_config(cfg, run_dir / "config.yaml")
         ensure_model(cfg)
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
     backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
-                           devices.torch_dtype(cfg.model.dtype), lora=L.lora)
+                           devices.torch_dtype(cfg.model.dtype), lora=L.lora,
+                           activation_checkpointing=L.activation_checkpointing)
+    _log_memory("model load")
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
+    _log_memory("reference/critic models")
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
@@ -106,7 +122,7 @@ def run(cfg: TetherConfig) -> dict | None:
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
         log.info("placement on this node: %s", placement.describe() or "no GPUs")
-        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, placement)
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id, placement)
         reason = "failed"
         try:
             reason = train(cfg, team, state, sigterm)
@@ -148,10 +164,14 @@ class LeadState:
     """Policy version = optimizer steps done."""
     packed: PackedWeights
     """The gathered weights of `version` (LoRA: its adapter)."""
+    run_id: str = ""
+    """The run's id (learner/run_dir.py): in run.json, every checkpoint and summary.json."""
+    reward_health: RewardHealth | None = None
+    """Stops the run when the reward keeps failing (learner/reward_health.py)."""
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          actor_cpus: list[list[int]] | None = None,
+          actor_cpus: list[list[int]] | None = None, run_id: str = "",
           placement: Placement | None = None) -> LeadState:
     """Restore (or begin), gather version v's weights, bind the sockets, announce v, queue
     its held-out evaluation on the actors, start the local actors (on `actor_cpus`, one list per
@@ -171,6 +191,9 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         team.trainer.models.load(checkpoint)
     base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
     packed = team.gather_weights(version)
+    _log_memory("published-weights copy")
+    health = RewardHealth(cfg)  # checked on the start round once it is in (train)
+
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
@@ -190,7 +213,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
                      server=server, actors=actors, scorers=scorers, metrics=metrics,
-                     eval_start=version, version=version, packed=packed)
+                     eval_start=version, version=version, packed=packed, run_id=run_id,
+                     reward_health=health)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
@@ -216,6 +240,10 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                      r["prompts"])
             _log_waiting(st)
             team.idle()
+        r = st.server.evaluations.result(st.eval_start)
+        if st.reward_health is not None:
+            st.reward_health.check(r["samples"] - r["errors"], r["reward_failures"],
+                                   f"in the held-out evaluation at v{st.eval_start}")
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
             if time.monotonic() >= deadline:
@@ -235,17 +263,22 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 continue
             step_t0 = time.monotonic()
             m = team.step(groups, st.version)
+            if st.version == 0:
+                _log_memory("first step (gradients, optimizer state, activations)")
             st.version += 1
             with tl.span("gather"):
                 st.packed = team.gather_weights(st.version)
             with tl.span("announce"):
                 st.server.announce(st.version, _for_actors(cfg, st.packed))
             m.update(tl.end_step(st.version))
-            st.metrics.record(st.version, m, step_t0, st.server.snapshot(), st.buffer.counts())
+            snap = st.server.snapshot()
+            st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())
+            if st.reward_health is not None:
+                st.reward_health.observe(snap["reward_scores"])
             if cfg.learner.checkpoint_every and st.version % cfg.learner.checkpoint_every == 0:
                 with tl.span("checkpoint"):  # counted in the next step's row
                     _save_checkpoint(team, st.server, run_dir, st.version,
-                                     cfg.learner.checkpoint_keep)
+                                     cfg.learner.checkpoint_keep, st.run_id)
             if _reward_reached(cfg, st.metrics):
                 reason = "reward_reached"
                 log.info("learner.stop_at_reward=%g reached at v%d (mean sampled reward of the "
@@ -288,7 +321,8 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     on the actors, stops them and writes summary.json."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
-        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep)
+        _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep,
+                         st.run_id)
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
@@ -305,7 +339,8 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
             st.server.evaluations.rescore(v, cfg, st.tokenizer)
         evals = {name: {**st.server.evaluations.result(r["version"]), "where": r["where"]}
                  for name, r in evals.items()}
-    if evals["end"]["samples"] < evals["end"]["prompts"]:  # no actor left: the local fallback
+    end = evals["end"]
+    if end["samples"] + end["errors"] < end["prompts"]:  # no actor left: the local fallback
         evals["end"] = _evaluate_locally(cfg, st, run_dir / "final_model", team.ranks.device)
     _stop_fleet(st, reason)
     summary = _summary(cfg, st, evals, wall, reason)
@@ -340,9 +375,9 @@ def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device)
                 st.version)
     engine = HFEngine(model_dir, device, devices.torch_dtype(cfg.model.dtype, device))
     engine.version = st.version
-    reward = evaluate(engine, st.task, cfg, st.tokenizer)
-    return {"version": st.version, "reward": reward, "samples": cfg.task.eval_prompts,
-            "prompts": cfg.task.eval_prompts, "errors": 0,
+    r = held_out(engine, st.task, cfg, st.tokenizer)
+    return {"version": st.version, "reward": r.reward, "samples": r.prompts - r.errors,
+            "prompts": r.prompts, "errors": r.errors, "reward_failures": r.reward_failures,
             "sampled_versions": [st.version, st.version], "where": "local"}
 
 
@@ -428,10 +463,7 @@ def _log_waiting(st: LeadState) -> None:
         raise RuntimeError("every local actor has exited; see run_dir/logs/actor-*.log")
 
 
-def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a `step_N.tmp` left by a crash is not one)."""
-    dirs = [p for p in (run_dir / "checkpoints").glob("step_*") if p.name[5:].isdigit()]
-    return sorted(dirs, key=lambda p: int(p.name[5:]))
+_checkpoint_dirs = run_dirs.checkpoint_dirs
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -442,12 +474,12 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def _save_checkpoint(team: distributed.Leader, server: LearnerServer, run_dir: Path,
-                     version: int, keep: int) -> None:
+                     version: int, keep: int, run_id: str = "") -> None:
     snap = server.snapshot()
     state, arrays = server.checkpoint_state()
     path = run_dir / "checkpoints" / f"step_{version}"
     tmp = path.with_name(path.name + ".tmp")
-    team.save_checkpoint(tmp, {"version": version, **state})
+    team.save_checkpoint(tmp, {"version": version, "run_id": run_id, **state})
     np.savez(tmp / "buffer.npz", **arrays)
     if path.exists():
         shutil.rmtree(path)
@@ -503,7 +535,9 @@ def _summary(cfg: TetherConfig, st: LeadState, evals: dict, wall: float, reason:
     accounted = (bc["consumed"] + sum(dropped.values()) + lc["outstanding"] + bc["size"]
                  + scoring.get("groups", 0))
     return {
+        "run_id": st.run_id,
         "eval_reward_start": evals["start"]["reward"], "eval_reward_end": evals["end"]["reward"],
+        "eval_errors_start": evals["start"]["errors"], "eval_errors_end": evals["end"]["errors"],
         "evaluations": evals, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,

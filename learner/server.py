@@ -37,6 +37,7 @@ import zmq
 from buffer.record import TrajGroup
 from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
+from configs.run_settings import run_settings
 from configs.schema import TetherConfig, max_completion_tokens, model_scorers
 from learner.algo.advantages import is_uniform
 from learner.evaluate import Evaluations
@@ -85,6 +86,8 @@ class LearnerServer(threading.Thread):
         self.base = base
         self.run_id = uuid.uuid4().hex[:12]
         self.model_files = _model_files(model_dir)
+        self.run_settings = run_settings(cfg)
+        """The task, agent, reward and sampling settings every actor runs (sent in the Welcome)."""
         self.actors: dict[str, ActorState] = {}
         self.rejected: Counter[str] = Counter()
         """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
@@ -398,7 +401,7 @@ class LearnerServer(threading.Thread):
             weights_endpoint=self.endpoints["weights"], latest_version=self.version,
             heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
             model_files=self.model_files, run_id=self.run_id,
-            leases_kept=self.leases.held_by(msg.actor_id))
+            leases_kept=self.leases.held_by(msg.actor_id), run_settings=self.run_settings)
         self.control.send_multipart([identity, self._enc.encode(welcome)], zmq.NOBLOCK)
 
     def _on_registered(self, st: ActorState, msg) -> None:
@@ -566,7 +569,10 @@ class LearnerServer(threading.Thread):
             except InvalidTrajectory as e:
                 self._reject("invalid_trajectory", f"evaluation lease {rec.lease_id}: {e}")
                 error = True
-        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error, item)
+        failed = any(smp.scores.get(k) for smp in msg.samples
+                     for k in ("reward_error", "reward_timeout"))
+        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error, item,
+                                failed)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

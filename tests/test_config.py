@@ -227,3 +227,35 @@ def test_floats_in_exponent_notation_and_spaced_tool_lists_load():
                                "learner.is_cap=3"])
     assert cfg.actors.engine.kv_cache_gb == 1e-3 and cfg.actors.agent.tools == "calc, python"
     assert cfg.learner.is_cap == 3.0 and isinstance(cfg.learner.is_cap, float)
+
+
+@pytest.mark.parametrize("task", ["reverse", "calculator"])
+def test_a_reward_for_a_task_that_scores_by_itself_is_an_error_naming_both(task):
+    """task.reward was silently ignored by the tasks that score with their own reward."""
+    with pytest.raises(ConfigError) as e:
+        load_config(PRESET, [f"task.name={task}", "task.reward=nosuch:fn"])
+    assert str(e.value) == (f"task.reward must be empty with task.name={task} (that task scores "
+                            "with its own reward; task.reward is used by task.name data, "
+                            "additions or a task given by import path), got 'nosuch:fn'")
+
+
+def test_a_reward_for_a_task_that_uses_one_loads():
+    assert load_config(PRESET, ["task.name=additions", "task.reward=m:f"]).task.reward == "m:f"
+    assert load_config(PRESET, ["task.name=my_tasks:make_task", "task.reward=m:f"]).task.reward
+
+
+def test_a_missing_model_path_is_one_line_unless_the_toy_model_was_asked_for(tmp_path):
+    """A typo in model.path used to build and train a fresh toy model without a word."""
+    r = subprocess.run([sys.executable, "-m", "learner", f"model.path={tmp_path / 'nosuch'}",
+                        f"run_dir={tmp_path / 'run'}", "learner.max_steps=1", "actors.num_local=1",
+                        "learner.prompts_per_step=2", "buffer.capacity_groups=2",
+                        "task.eval_prompts=2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip() == (f"tether-learner: model.path {tmp_path / 'nosuch'} holds no model "
+                                "(no config.json); set model.build_tiny=true to build the toy "
+                                "model there"), r.stderr[-3000:]
+    assert not (tmp_path / "nosuch").exists()
+    # the toy presets ask for it explicitly, as run.sh's default does
+    for preset in ("toy_reverse.yaml", "toy_calculator.yaml"):
+        assert load_config(ROOT / "configs" / preset).model.build_tiny

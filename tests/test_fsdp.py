@@ -59,6 +59,24 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def test_each_rank_loads_only_its_shards_and_they_equal_the_files(fsdp_run):
+    """FSDP2 builds the policy and the critic on the meta device and each rank reads its rows
+    of every tensor from the safetensors file (learner/sharded_load.py): bitwise the file's
+    values, half of every tensor per rank (the value head's one row on one rank), the tied
+    head still the embedding."""
+    reports = [json.loads((fsdp_run / f"load_{r}.json").read_text()) for r in range(2)]
+    for what in ("policy", "critic"):
+        names = reports[0][what].keys()
+        assert names == reports[1][what].keys() and len(names) > 10
+        assert any(n.startswith("value_head") for n in names) == (what == "critic")
+        for n in names:
+            parts = [rep[what][n] for rep in reports]
+            assert all(p["equal"] for p in parts), (what, n, parts)
+            assert sum(p["local"] for p in parts) == parts[0]["full"], (what, n)
+            assert max(p["local"] for p in parts) < parts[0]["full"] or parts[0]["rows"] == 1
+    assert all(rep["tied"] and rep["rotary"] for rep in reports)
+
+
 @pytest.mark.parametrize("agg", fsdp_worker.LOSS_AGGS)
 def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
     cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
@@ -72,6 +90,20 @@ def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
     grads = {n: p.grad for n, p in backend.model.named_parameters()}
     assert min(g.abs().max().item() for g in grads.values()) > 0  # every tensor gets a gradient
     assert _max_diff(load_file(str(fsdp_run / f"grads_{agg}.safetensors")), grads) <= TOL
+
+
+def test_microbatched_checkpointed_step_equals_single_process_one_batch(fsdp_run, tiny_model_dir):
+    """Each rank's share in micro-batches (learner.max_tokens_per_microbatch) with activation
+    checkpointing: the loss metrics and gradients of the single-process one-batch step."""
+    cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1")
+    backend, trainer = _single(cfg)
+    ref = trainer.step(fsdp_worker.synthetic_groups(cfg, 0), 0)
+    got = json.loads((fsdp_run / "grads_micro.json").read_text())
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k] == pytest.approx(ref[k], rel=TOL, abs=TOL), k
+    grads = {n: p.grad for n, p in backend.model.named_parameters()}
+    assert _max_diff(load_file(str(fsdp_run / "grads_micro.safetensors")), grads) <= TOL
 
 
 def test_weights_after_n_steps_equal_single_process(fsdp_run, tiny_model_dir):

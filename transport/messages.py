@@ -20,17 +20,18 @@ Channels (learner binds, actors connect):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
 and Welcome.leases_kept (which leases survive a learner restart). 6: the scorer fleet (ScorerHello,
-ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket)."""
+ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7: Welcome.run_settings
+(the learner's task, agent, reward and sampling settings, which the actor runs)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -154,6 +155,9 @@ class Welcome(msgspec.Struct, tag="welcome"):
     that joins a new run drops every other lease of an earlier run: that run died, and this one
     grants their prompts again (it resumed from a checkpoint taken before they were granted, or
     from none)."""
+    run_settings: dict[str, dict[str, Any]] = {}
+    """The run's task, agent, reward and sampling settings as config sections
+    ({"task": {...}, "actors": {...}}, configs/run_settings.py): the actor runs these, not its own."""
 
 
 class Reject(msgspec.Struct, tag="reject"):

@@ -34,7 +34,6 @@ the package; environments written with verifiers itself run through actors/agent
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 from functools import cached_property
@@ -47,6 +46,7 @@ from tasks.chat import make_chat_format
 from actors.engines.base import LLMClient
 from actors.agents.openai.server import OpenAIAgent, finished
 from actors.rollout import Rollout, RolloutTask
+from configs.imports import load_object
 from configs.schema import TaskConfig
 from tasks.base import Prompt
 from tasks.data import DataError, DataTask, check_rows, split_rows
@@ -60,8 +60,7 @@ class Environment(Protocol):
 
 def load_environment(spec: str) -> Environment:
     """`package.module:attribute` -> the environment (a class or factory is called once)."""
-    module, _, name = spec.partition(":")
-    obj = getattr(importlib.import_module(module), name)
+    obj = load_object(spec, "actors.environment")
     env = obj() if inspect.isclass(obj) or inspect.isfunction(obj) else obj
     for method in ("rollout", "rubric"):
         if not callable(getattr(type(env), method, None)):

@@ -33,7 +33,6 @@ when the prompt is rendered. verifiers is imported only here, and only when used
 
 from __future__ import annotations
 
-import importlib
 from functools import cached_property
 
 import msgspec
@@ -43,6 +42,7 @@ from tasks.chat import make_chat_format
 from actors.engines.base import LLMClient
 from actors.agents.openai.server import OpenAIAgent, finished
 from actors.rollout import Rollout, RolloutTask
+from configs.imports import load_object
 from configs.schema import TaskConfig
 from tasks.base import Prompt
 from tasks.data import DataError, DataTask, check_rows, split_rows
@@ -69,15 +69,7 @@ def load_verifiers_env(spec: str):
     vf = _vf()
     if ":" not in spec:
         return vf.load_environment(vf.resolve_env_config({"taskset": {"id": spec}}))
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"task.verifiers_env {spec!r}: cannot import {module_name!r}: {e}") from e
-    if not hasattr(module, attr):
-        raise ValueError(f"task.verifiers_env {spec!r}: module {module_name!r} has no "
-                         f"attribute {attr!r}")
-    obj = getattr(module, attr)
+    obj = load_object(spec, "task.verifiers_env")
     if callable(obj) and not isinstance(obj, (vf.Env, vf.EnvConfig, type)):
         obj = obj()
     if isinstance(obj, vf.Env):
@@ -155,8 +147,8 @@ def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> VerifiersTask:
 class VerifiersAgent:
     """Plays the leased task's verifiers episode through the endpoint; its trace's reward is
     the sample's. Each episode holds its own verifiers interception server (verifiers' fallback
-    outside `Env.serving()`), so nothing outlives a rollout or is tied to one event loop (the
-    learner's evaluations run the agent on loops of their own); environments that need
+    outside `Env.serving()`), so nothing outlives a rollout or is tied to one event loop;
+    environments that need
     env-level resources (shared tool servers, `start()`/`stop()`) are refused."""
 
     def __init__(self, agent: OpenAIAgent, env) -> None:

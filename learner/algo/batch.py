@@ -23,6 +23,7 @@ class TokenBatch:
     versions: torch.Tensor       # (rows, L-1) int64: policy version that sampled each token
     rewards: torch.Tensor        # (groups, n) float32
     num_groups: int
+    lengths: torch.Tensor | None = None  # (rows,) int64: prompt + completion tokens per row
 
     @property
     def num_tokens(self) -> int:
@@ -31,7 +32,8 @@ class TokenBatch:
     def to(self, device: torch.device) -> TokenBatch:
         return TokenBatch(input_ids=self.input_ids.to(device), mask=self.mask.to(device),
                           behavior=self.behavior.to(device), versions=self.versions.to(device),
-                          rewards=self.rewards.to(device), num_groups=self.num_groups)
+                          rewards=self.rewards.to(device), num_groups=self.num_groups,
+                          lengths=self.lengths)
 
 
 def padded_length(groups: list[TrajGroup]) -> int:
@@ -57,6 +59,7 @@ def collate(groups: list[TrajGroup], pad_id: int, length: int | None = None) -> 
         behavior[i, P - 1:P - 1 + T] = lp * lm
         versions[i, P - 1:P - 1 + T] = v
     rewards = np.stack([g.rewards for g in groups])
+    lengths = torch.tensor([len(p) + len(c) for p, c, *_ in rows], dtype=torch.int64)
     return TokenBatch(input_ids=torch.from_numpy(ids), mask=torch.from_numpy(mask),
                       behavior=torch.from_numpy(behavior), versions=torch.from_numpy(versions),
-                      rewards=torch.from_numpy(rewards), num_groups=len(groups))
+                      rewards=torch.from_numpy(rewards), num_groups=len(groups), lengths=lengths)

@@ -35,17 +35,26 @@ class ValueModel(torch.nn.Module):
     `.model` is the backbone (FSDP2 shards `.model.layers`); the head starts at zero, so the
     first values are 0 whatever the seed."""
 
-    def __init__(self, path: Path) -> None:
+    NOT_IN_FILES = ("value_head.weight", "value_head.bias")
+    """Parameters a sharded load (learner/backends/sharded_load.py) starts at zero."""
+
+    def __init__(self, path: Path, meta: bool = False) -> None:
+        """`meta`: on the meta device, for the FSDP2 backend to shard and then load."""
         from transformers import AutoModelForCausalLM
 
+        from learner.backends.sharded_load import meta_causal_lm
+
         super().__init__()
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        lm = meta_causal_lm(path) if meta else AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32)
         self.model = lm.model
         self.config = lm.config
         self.config.tie_word_embeddings = False  # no lm_head here: nothing is tied
-        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1)
-        torch.nn.init.zeros_(self.value_head.weight)
-        torch.nn.init.zeros_(self.value_head.bias)
+        self.value_head = torch.nn.Linear(lm.config.hidden_size, 1,
+                                          device="meta" if meta else None)
+        if not meta:
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(rows, L) -> values (rows, L - 1): column t is the value of the prefix ending at

@@ -8,6 +8,11 @@ With one minibatch and one epoch, pi_prox is pi_theta before the only update: th
 pi_theta's forward (with gradient) first and takes pi_prox from it, detached, instead of a
 second no-grad forward (the same values bit for bit; tests/test_trainer_fused.py).
 
+Micro-batches (`learner.max_tokens_per_microbatch`, learner/algo/microbatch.py): every forward of
+the step (pi_prox, reference, critic, pi_theta) runs a few rows at a time, each update's
+gradients accumulate over them and one optimizer step follows; pi_prox is then always its own
+no-grad pass (pi_theta's graph is never held for the whole share).
+
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
 
@@ -26,7 +31,7 @@ import torch
 
 from buffer.record import TrajGroup
 from configs.schema import TetherConfig, max_completion_tokens
-from learner.algo import advantages as A
+from learner.algo import advantages as A, microbatch
 from learner.algo.batch import TokenBatch, collate, padded_length
 from learner.algo.critic import AlgoModels
 from learner.algo.loss import (LossNorm, accepted_tokens, group_advantages, kl_estimate,
@@ -82,7 +87,8 @@ class Trainer:
         per_mb = len(groups) // L.minibatches
         shaped = A.shape_groups(groups, self.cfg, self.eos_id)
         minibatches = [self._shard(shaped[i:i + per_mb]) for i in range(0, len(shaped), per_mb)]
-        if self.fuse_prox and L.minibatches == 1 and L.epochs == 1:
+        if (self.fuse_prox and L.minibatches == 1 and L.epochs == 1
+                and not L.max_tokens_per_microbatch):
             (mb, norm), = minibatches
             with self.timeline.span("forward"):
                 theta = self._logprobs(mb)
@@ -139,13 +145,15 @@ class Trainer:
         optimizer step)."""
         L, T = self.lcfg, self.cfg.task.temperature
         if prox is None:
-            prox = self.backend.logprobs(mb.input_ids, T)
-        ref = self.models.ref_logprobs(mb.input_ids, T) if L.kl_coef > 0 else None
+            prox = self._per_token(mb, lambda ids: self.backend.logprobs(ids, T))
+        ref = (self._per_token(mb, lambda ids: self.models.ref_logprobs(ids, T))
+               if L.kl_coef > 0 else None)
         kl_pen = None
         if ref is not None and L.kl_in == "reward":
             kl_pen = L.kl_coef * kl_estimate(prox, ref, L.kl_estimator) * mb.mask
         prep = Prepared(prox=prox, advantages=torch.zeros(()), ref=ref)
-        if norm is not None and L.correction == "mask" and L.mask_denominator == "accepted":
+        split = norm is not None or L.max_tokens_per_microbatch  # rows see part of the minibatch
+        if split and L.correction == "mask" and L.mask_denominator == "accepted":
             kept = accepted_tokens(prox, mb.behavior, mb.mask, L)
             prep.accepted = float(self.backend.reduce_stats({"accepted": kept})["accepted"])
         if L.advantage in ("grpo", "drgrpo", "rloo"):
@@ -160,7 +168,7 @@ class Trainer:
             prep.advantages = A.reinforce_pp(r, mb.mask, L.gamma, tokens,
                                              self.backend.reduce_stats, L.reinforce_pp_std)
             return prep
-        values = self.models.values(mb.input_ids) * mb.mask
+        values = self._per_token(mb, self.models.values) * mb.mask
         prep.old_values = values
         if L.advantage == "gae":
             prep.advantages, prep.returns = A.gae(r, values, mb.mask, L.gamma, L.lam)
@@ -169,37 +177,98 @@ class Trainer:
                                                      mb.mask, L.gamma, L.vtrace_rho, L.vtrace_c)
         return prep
 
+    def _per_token(self, mb: TokenBatch, fn) -> torch.Tensor:
+        """`fn(input_ids)` (rows, L-1) of the share, by micro-batch when they are on."""
+        budget = self.lcfg.max_tokens_per_microbatch
+        if not budget:
+            return fn(mb.input_ids)
+        return microbatch.per_token(microbatch.plan(mb.lengths, budget), mb, fn)
+
     def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared, version: int,
                    theta: tuple[torch.Tensor, torch.Tensor | None] | None = None
                    ) -> dict[str, float]:
         """One update on `mb`; `theta`: pi_theta's logprobs and entropy if already computed."""
+        if self.lcfg.max_tokens_per_microbatch:
+            return self._micro_minibatch(mb, norm, prep, version)
         L, tl = self.lcfg, self.timeline
         with tl.span("forward"):
-            logp, entropy = self._logprobs(mb) if theta is None else theta
-            staleness = (version - mb.versions) * mb.mask.long()
-            budget = max_completion_tokens(self.cfg)
-            in_loss = prep.ref if L.kl_in == "loss" else None
-            pnorm = norm if prep.accepted is None else replace(norm, accepted=prep.accepted)
-            loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
-                                      staleness, L, budget, pnorm, ref=in_loss, entropy=entropy)
-            if prep.ref is not None and in_loss is None:  # in the reward: logged here
-                kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
-                stats["kl_ref"] = ((kl * mb.mask).sum()
-                                   / max((norm or LossNorm.of(mb.mask)).tokens, 1.0))
+            loss, stats = self._policy_loss(mb, norm, prep, version, theta)
         with tl.span("backward_optimizer"):
             grad_norm = self.backend.step(loss, L.max_grad_norm)
         stats["loss"] = loss.detach()
+        critic_grad_norm = None
         if self.models.critic is not None:
             with tl.span("forward"):
-                values = self.models.values(mb.input_ids)
-                vloss, vstats = value_loss(values, prep.old_values, prep.returns, mb.mask,
-                                           L.value_clip, L.loss_agg, budget, norm)
+                vloss, vstats = self._value_loss(mb, norm, prep)
             stats.update(vstats)
             with tl.span("backward_optimizer"):
                 critic_grad_norm = self.models.critic.step(vloss, L.max_grad_norm)
+        return self._finish(stats, grad_norm, critic_grad_norm)
+
+    def _micro_minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared,
+                         version: int) -> dict[str, float]:
+        """One update on `mb` by micro-batches (learner/algo/microbatch.py): each one's share of the
+        minibatch loss (the whole minibatch's counts), gradients accumulated, one optimizer
+        step; then the critic likewise."""
+        L, tl = self.lcfg, self.timeline
+        norm = LossNorm.of(mb.mask) if norm is None else norm
+        parts = microbatch.plan(mb.lengths, L.max_tokens_per_microbatch)
+        shares = []
+        self.backend.zero_grad()
+        for part in parts:
+            with tl.span("forward"):
+                loss, stats = self._policy_loss(part.batch(mb), norm, _take(prep, part), version)
+            with tl.span("backward_optimizer"):
+                self.backend.backward(loss)
+            stats["loss"] = loss.detach()
+            shares.append(stats)
+        with tl.span("backward_optimizer"):
+            grad_norm = self.backend.apply_gradients(L.max_grad_norm)
+        stats = microbatch.combine(shares)
+        critic_grad_norm = None
+        if self.models.critic is not None:
+            shares = []
+            self.models.critic.zero_grad()
+            for part in parts:
+                with tl.span("forward"):
+                    vloss, vstats = self._value_loss(part.batch(mb), norm, _take(prep, part))
+                with tl.span("backward_optimizer"):
+                    self.models.critic.backward(vloss)
+                shares.append(vstats)
+            with tl.span("backward_optimizer"):
+                critic_grad_norm = self.models.critic.apply_gradients(L.max_grad_norm)
+            stats.update(microbatch.combine(shares))
+        return self._finish(stats, grad_norm, critic_grad_norm)
+
+    def _policy_loss(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared, version: int,
+                     theta: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """pi_theta's forward on `mb` (unless `theta` is given) and its share of the loss."""
+        L = self.lcfg
+        logp, entropy = self._logprobs(mb) if theta is None else theta
+        staleness = (version - mb.versions) * mb.mask.long()
+        budget = max_completion_tokens(self.cfg)
+        in_loss = prep.ref if L.kl_in == "loss" else None
+        pnorm = norm if prep.accepted is None else replace(norm, accepted=prep.accepted)
+        loss, stats = policy_loss(logp, mb.behavior, prep.prox, prep.advantages, mb.mask,
+                                  staleness, L, budget, pnorm, ref=in_loss, entropy=entropy)
+        if prep.ref is not None and in_loss is None:  # in the reward: logged here
+            kl = kl_estimate(logp.detach(), prep.ref, L.kl_estimator)
+            stats["kl_ref"] = ((kl * mb.mask).sum()
+                               / max((norm or LossNorm.of(mb.mask)).tokens, 1.0))
+        return loss, stats
+
+    def _value_loss(self, mb: TokenBatch, norm: LossNorm | None,
+                    prep: Prepared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        values = self.models.values(mb.input_ids)
+        return value_loss(values, prep.old_values, prep.returns, mb.mask, self.lcfg.value_clip,
+                          self.lcfg.loss_agg, max_completion_tokens(self.cfg), norm)
+
+    def _finish(self, stats: dict[str, torch.Tensor], grad_norm: float,
+                critic_grad_norm: float | None) -> dict[str, float]:
         out = {k: float(v) for k, v in self.backend.reduce_stats(stats).items()}
         out["grad_norm"] = grad_norm
-        if self.models.critic is not None:
+        if critic_grad_norm is not None:
             out["critic_grad_norm"] = critic_grad_norm
         out["is_ess"] = out["ess_w"] ** 2 / out["ess_w2"] if out["ess_w2"] > 0 else 1.0
         return out
@@ -209,6 +278,13 @@ class Trainer:
         gradient only when it is in the loss."""
         return self.backend.logprobs_entropy(mb.input_ids, self.cfg.task.temperature,
                                              entropy_grad=self.lcfg.entropy_coef > 0)
+
+
+def _take(prep: Prepared, part: microbatch.MicroBatch) -> Prepared:
+    """A micro-batch's rows (and columns) of the step-start quantities."""
+    return Prepared(prox=part.take(prep.prox), advantages=part.take(prep.advantages),
+                    ref=part.take(prep.ref), old_values=part.take(prep.old_values),
+                    returns=part.take(prep.returns), accepted=prep.accepted)
 
 
 def _staleness_metrics(groups: list[TrajGroup], version: int) -> dict[str, float]:

@@ -50,7 +50,19 @@ class Backend(Protocol):
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward on this rank's share of the loss, gradients summed over data-parallel ranks,
-        global-norm clipping, optimizer step; returns the global gradient norm before clipping."""
+        global-norm clipping, optimizer step; returns the global gradient norm before clipping.
+        The same as `zero_grad`, `backward(loss)`, `apply_gradients(max_grad_norm)`."""
+
+    def zero_grad(self) -> None:
+        """Forget the gradients (before the first `backward` of an update)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward on a share of the loss; gradients add up (micro-batches), summed over
+        data-parallel ranks."""
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
+        """Global-norm clipping and the optimizer step on the accumulated gradients; returns
+        the global gradient norm before clipping."""
 
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-rank shares of the loss statistics -> minibatch values (sum; max for `*_max`)."""
@@ -92,6 +104,16 @@ def with_lora(model: torch.nn.Module, lora: LoraConfig | None) -> tuple[torch.nn
     targets = lora.target_list()
     return (lora_lib.wrap(model, lora.rank, lora.alpha, lora.dropout, targets),
             LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=targets))
+
+
+def checkpoint_layers(model: torch.nn.Module) -> None:
+    """Activation checkpointing: each decoder layer's activations are recomputed in the
+    backward instead of kept (HF's per-layer torch.utils.checkpoint, non-reentrant; the
+    state dict's names do not change). `model`: an HF causal LM, a peft model of one, or a
+    module whose `.model` is an HF backbone (the critic)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base if hasattr(base, "gradient_checkpointing_enable") else base.model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -3,8 +3,10 @@
     every rank:  logprobs(own rows) -> loss share -> backward -> reduce-scatter (sum) -> AdamW
                  on its shards; publishing all-gathers one parameter at a time (rank 0 keeps it)
 
-Each decoder layer and then the root are `fully_shard`ed over a 1-D mesh of all ranks (gloo on
-CPU, NCCL on GPUs). Gradients are summed over ranks, not averaged: the trainer gives each rank
+The model is built on the meta device, each decoder layer and then the root are `fully_shard`ed over a 1-D mesh of all ranks (gloo on
+CPU, NCCL on GPUs), then each rank reads only its shards from the safetensors files
+(learner/backends/sharded_load.py): no rank holds the whole model. Gradients are summed over
+ranks, not averaged: the trainer gives each rank
 its share of the minibatch loss (learner/algo/loss.py `LossNorm`), so the sum is the single-process
 gradient. Clipping uses the global norm over all shards.
 
@@ -33,7 +35,8 @@ from torch.distributed.tensor import DTensor
 
 from configs.schema import LoraConfig
 from learner import checkpoint
-from learner.backends.base import ADAPTER_DIR, trainable, with_lora
+from learner.backends import sharded_load
+from learner.backends.base import ADAPTER_DIR, checkpoint_layers, trainable, with_lora
 from models import lora as lora_lib
 from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import HEAD, without_tied
@@ -42,10 +45,13 @@ from models.tied import HEAD, without_tied
 class FSDP2Backend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device, dtype: torch.dtype = torch.float32,
-                 model: torch.nn.Module | None = None, lora: LoraConfig | None = None) -> None:
+                 model: torch.nn.Module | None = None, lora: LoraConfig | None = None,
+                 activation_checkpointing: bool = False) -> None:
         """`model`: shard and train this module (with `.model.layers`, e.g. the critic)
         instead of the HF causal LM in `model_dir`. `lora`: train adapters of that rank on
-        the frozen model (rank 0 = full weights)."""
+        the frozen model (rank 0 = full weights). `activation_checkpointing`: each layer is
+        recomputed in the backward (learner/backends/base.py `checkpoint_layers`, set before
+        fully_shard: the recomputation runs inside the layer's FSDP2 unshard)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -54,10 +60,17 @@ class FSDP2Backend:
         self.dp_rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        if model is None:  # LoRA: the whole base (sharded_load's docstring)
+            model = (sharded_load.meta_causal_lm(self.model_dir) if lora is None or lora.rank == 0
+                     else AutoModelForCausalLM.from_pretrained(self.model_dir,
+                                                               dtype=torch.float32))
         model, self.lora = with_lora(model, lora)
-        model.to(device).train()
+        if activation_checkpointing:
+            checkpoint_layers(model)
+        meta = sharded_load.is_meta(model)
+        if not meta:
+            model.to(device)
+        model.train()
         mesh = init_device_mesh(device.type, (self.dp_size,))
         # float32: no policy (as before); else fp32 shards, `dtype` compute, fp32 reduction
         mp = {} if dtype == torch.float32 else {
@@ -70,6 +83,9 @@ class FSDP2Backend:
             if isinstance(module, FSDPModule):  # sum, not average, over ranks (see docstring)
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
+        if meta:  # each rank allocates and reads its shards only
+            sharded_load.materialise(model, self.model_dir, device,
+                                     zeros=getattr(model, "NOT_IN_FILES", ()))
         self.model = model
         self.optimizer = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=weight_decay)
 
@@ -83,8 +99,19 @@ class FSDP2Backend:
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the global gradient norm before clipping."""
+        self.zero_grad()
+        self.backward(loss)
+        return self.apply_gradients(max_grad_norm)
+
+    def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Each backward reduce-scatters (sums) its gradients into the sharded ones: several
+        micro-batches accumulate in shards, never in a whole unsharded copy."""
         loss.backward()
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if isinstance(norm, DTensor):

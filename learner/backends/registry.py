@@ -21,34 +21,36 @@ from configs.schema import LoraConfig
 from learner.backends.base import Backend
 
 Factory = Callable[..., Backend]
-"""(section, model_dir, lr, weight_decay, seed, device, dtype, model, lora) -> the backend."""
+"""(section, model_dir, lr, weight_decay, seed, device, dtype, model, lora,
+activation_checkpointing) -> the backend."""
 
 
 def _single(section: SingleBackendConfig, model_dir: Path, lr: float, weight_decay: float,
             seed: int, device: torch.device, dtype: torch.dtype,
-            model: torch.nn.Module | None, lora: LoraConfig | None) -> Backend:
+            model: torch.nn.Module | None, lora: LoraConfig | None, ac: bool) -> Backend:
     from learner.backends.single import SingleProcessBackend
 
     return SingleProcessBackend(model_dir, lr, weight_decay, seed, device, dtype, model=model,
-                                lora=lora)
+                                lora=lora, activation_checkpointing=ac)
 
 
 def _fsdp2(section: FSDP2BackendConfig, model_dir: Path, lr: float, weight_decay: float,
            seed: int, device: torch.device, dtype: torch.dtype,
-           model: torch.nn.Module | None, lora: LoraConfig | None) -> Backend:
+           model: torch.nn.Module | None, lora: LoraConfig | None, ac: bool) -> Backend:
     from learner.backends.fsdp2 import FSDP2Backend
 
-    return FSDP2Backend(model_dir, lr, weight_decay, seed, device, dtype, model=model, lora=lora)
+    return FSDP2Backend(model_dir, lr, weight_decay, seed, device, dtype, model=model, lora=lora,
+                        activation_checkpointing=ac)
 
 
 def _megatron(section: MegatronBackendConfig, model_dir: Path, lr: float, weight_decay: float,
               seed: int, device: torch.device, dtype: torch.dtype,
-              model: torch.nn.Module | None, lora: LoraConfig | None) -> Backend:
+              model: torch.nn.Module | None, lora: LoraConfig | None, ac: bool) -> Backend:
     """No critic `model` and no `lora` (configs.schema.check_ranges refuses both)."""
     from learner.backends.megatron.backend import MegatronBackend
 
     return MegatronBackend(model_dir, lr, weight_decay, seed, device, section.tp, section.pp,
-                           dtype)
+                           dtype, activation_checkpointing=ac)
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,13 @@ KINDS: dict[str, BackendKind] = {
 def make_backend(section: BackendConfig, model_dir: Path, lr: float, weight_decay: float,
                  seed: int, device: torch.device, dtype: torch.dtype = torch.float32, *,
                  model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None) -> Backend:
+                 lora: LoraConfig | None = None,
+                 activation_checkpointing: bool = False) -> Backend:
     """The backend `section` names, training the causal LM in `model_dir` (or `model`: the
-    critic) on `device` with AdamW (lr, weight_decay); `lora`: adapters on the frozen model."""
+    critic) on `device` with AdamW (lr, weight_decay); `lora`: adapters on the frozen model;
+    `activation_checkpointing`: each layer recomputed in the backward."""
     return KINDS[section.kind].make(section, Path(model_dir), lr, weight_decay, seed, device,
-                                    dtype, model, lora)
+                                    dtype, model, lora, activation_checkpointing)
 
 
 def runs_under_torchrun(section: BackendConfig) -> bool:

@@ -9,7 +9,7 @@ import torch
 
 from configs.schema import LORA_HEAD as HEAD_TARGET, LoraConfig
 from learner import checkpoint
-from learner.backends.base import ADAPTER_DIR, trainable, with_lora
+from learner.backends.base import ADAPTER_DIR, checkpoint_layers, trainable, with_lora
 from models import lora as lora_lib
 from models.devices import compute
 from models.logprobs import token_logprobs, token_logprobs_entropy
@@ -23,10 +23,11 @@ class SingleProcessBackend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device = torch.device("cpu"),
                  dtype: torch.dtype = torch.float32, model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None) -> None:
+                 lora: LoraConfig | None = None, activation_checkpointing: bool = False) -> None:
         """fp32 weights on `device`; forward passes in `dtype` (models/devices.py). `model`:
         train this module instead of the HF causal LM in `model_dir` (the critic). `lora`:
-        train adapters of that rank on the frozen model (rank 0 = full weights)."""
+        train adapters of that rank on the frozen model (rank 0 = full weights).
+        `activation_checkpointing`: recompute each layer in the backward (`checkpoint_layers`)."""
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -38,6 +39,8 @@ class SingleProcessBackend:
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32)
         self.model, self.lora = with_lora(model, lora)
+        if activation_checkpointing:
+            checkpoint_layers(self.model)
         self.model.to(device).train()
         self.optimizer = torch.optim.AdamW(trainable(self.model), lr=lr,
                                            weight_decay=weight_decay)
@@ -53,8 +56,17 @@ class SingleProcessBackend:
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""
+        self.zero_grad()
+        self.backward(loss)
+        return self.apply_gradients(max_grad_norm)
+
+    def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def apply_gradients(self, max_grad_norm: float) -> float:
         if max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
         else:

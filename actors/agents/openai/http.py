@@ -86,7 +86,7 @@ class HTTPServer:
             turn = await self.endpoint.complete(session, req)
         if not req.stream:
             return web.json_response(completion_body(turn.cid, turn.message, turn.finish,
-                                                     turn.usage))
+                                                     turn.usage, turn.sampling))
         usage = turn.usage if req.stream_options is None or req.stream_options.include_usage \
             else None
         return await self._stream(request, session, turn, usage)

@@ -14,6 +14,7 @@ too). Assistant turns are kept as the sampled token ids, never re-tokenized: the
 send back the assistant messages exactly as it got them (content and tool_calls). The first
 call's messages (and `tools`, rendered by the chat template) must render to the task prompt
 (`messages` handed to your function are exactly that); later calls must send the same `tools`.
+An answer with no content and no tool calls may be left out (pydantic-ai does).
 
 Function calling: with `tools` (and `tool_choice` not "none"), a model turn that ended with its
 end-of-turn token is parsed by the configured parser (actors/agents/tool_parsers.py) into
@@ -44,7 +45,7 @@ engine's worker threads, so a blocking client cannot starve generation.
 from __future__ import annotations
 
 import asyncio
-import importlib
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -58,11 +59,12 @@ import numpy as np
 from tasks.chat import ChatFormat, Message, Tools
 from actors.engines.base import Completion, LLMClient
 from actors.agents.openai.http import HTTPServer
-from actors.agents.openai.wire import (ChatMessage, ChatRequest, HTTPError, NamedTool, message_key,
-                                tool_names)
+from actors.agents.openai.wire import (ChatMessage, ChatRequest, HTTPError, NamedTool,
+                                       first_difference, message_key, not_applied, tool_names)
 from actors.rollout import Finish, RewardFn, Rollout, RolloutTask, score
 from actors.agents.tool_parsers import ParsedTurn, ParseFailure, TetherParser, ToolParser
 from actors.agents.trajectory import TrajectoryBuilder
+from configs.imports import load_function
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class Turn:
     usage: dict
     token_ids: np.ndarray
     cid: str
+    sampling: dict | None = None
+    """The answer's `tether_sampling` when the request's own sampling settings were not applied."""
 
 
 @dataclass
@@ -89,6 +93,8 @@ class Session:
     base_url: str
     keys: list[tuple] = field(default_factory=list)
     """message_key of every message so far, our answers included (what clients must repeat)."""
+    messages: list[ChatMessage] = field(default_factory=list)
+    """The same messages (to say which field of a resent one differs)."""
     rendered: list[Message] = field(default_factory=list)
     """The same messages as the chat format sees them (assistant: the turn's whole text)."""
     tools: list[dict] | None = None
@@ -123,6 +129,8 @@ class OpenAIEndpoint:
         self.max_turns = max_turns
         self.max_total_tokens = max_total_tokens
         self.sessions: dict[str, Session] = {}
+        self.said_not_applied = False
+        """Whether a client's own sampling settings were logged as not applied (once)."""
         self._ids = itertools.count()
         self.http = HTTPServer(self, port)
 
@@ -162,6 +170,17 @@ class OpenAIEndpoint:
             log.info("rollout %s: call repeated (a client retry): the same answer again", s.rid)
             return s.last_call[1]
         turn = await self._turn(s, req, keys)
+        ignored = not_applied(req, s.task.temperature)
+        if ignored:
+            turn = dataclasses.replace(turn, sampling={
+                "temperature": s.task.temperature, "not_applied": ignored,
+                "why": "rollouts sample with the task's settings (task.temperature), whose "
+                       "logprobs the learner trains with"})
+            if not self.said_not_applied:
+                self.said_not_applied = True
+                log.info("a client asked for %s: not applied (said in each such answer's "
+                         "tether_sampling); rollouts sample with the task's temperature=%g",
+                         ", ".join(f"{k}={v}" for k, v in ignored.items()), s.task.temperature)
         s.last_call = (keys, turn)
         return turn
 
@@ -169,8 +188,6 @@ class OpenAIEndpoint:
         task, traj = s.task, s.traj
         if req.n != 1:
             raise HTTPError(400, "only n=1 is supported")
-        if req.temperature is not None and req.temperature != task.temperature:
-            raise HTTPError(400, f"temperature must be {task.temperature} (the task's) or absent")
         tools = self._check_tools(s, req)
         new = self._new_messages(s, req.messages, keys)
         if s.finish is not None:  # a limit was reached: every further call gets an empty answer
@@ -215,10 +232,10 @@ class OpenAIEndpoint:
     def _new_messages(self, s: Session, messages: list[ChatMessage],
                       keys: list[tuple]) -> list[ChatMessage]:
         """The messages after the conversation so far (`keys`: message_key of each message)."""
-        if keys[:len(s.keys)] != s.keys:
-            raise HTTPError(400, "messages must repeat the conversation so far, assistant "
-                                 "messages exactly as returned (content and tool_calls)")
-        new = messages[len(s.keys):]
+        repeated = _repeated(s.keys, keys)
+        if repeated is None:
+            raise HTTPError(400, _difference(s, messages, keys))
+        new = messages[repeated:]
         if not new or any(m.role == "assistant" for m in new):
             raise HTTPError(400, "a call must add at least one message and no assistant message")
         open_calls = list(s.open_calls)
@@ -234,6 +251,7 @@ class OpenAIEndpoint:
 
     def _accept(self, s: Session, new: list[ChatMessage]) -> None:
         s.keys.extend(message_key(m) for m in new)
+        s.messages.extend(new)
         s.rendered.extend(_as_template(m) for m in new)
         answered = {m.tool_call_id for m in new if m.role == "tool"}
         s.open_calls = [c for c in s.open_calls if c not in answered]
@@ -269,7 +287,7 @@ class OpenAIEndpoint:
                 message = {"role": "assistant", "content": parsed.content, "tool_calls": calls}
                 finish = "tool_calls"
                 s.open_calls = [call["id"] for call in calls]
-        s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
+        _record(s, message)
         return Turn(message, finish, _usage(prompt_tokens, len(c.token_ids)), c.token_ids,
                     f"chatcmpl-{s.rid}-{s.traj.turns}")
 
@@ -294,13 +312,58 @@ class OpenAIEndpoint:
         self._accept(s, new)
         message = {"role": "assistant", "content": ""}
         s.rendered.append(message)
-        s.keys.append(message_key(msgspec.convert(message, ChatMessage)))
+        _record(s, message)
         return Turn(message, "length", _usage(len(s.traj.context()), 0), np.zeros(0, np.int32),
                     f"chatcmpl-{s.rid}-{s.traj.turns}")
 
 
 def _as_template(m: ChatMessage) -> Message:
-    return {"role": m.role, "content": m.content or ""}
+    return {"role": m.role, "content": m.text()}
+
+
+def _record(s: Session, message: dict) -> None:
+    """Our answer, as a client must send it back."""
+    ours = msgspec.convert(message, ChatMessage)
+    s.keys.append(message_key(ours))
+    s.messages.append(ours)
+
+
+EMPTY_ANSWER = ("assistant", "", (), "")
+"""message_key of an answer with no content and no tool calls (a turn that was only its
+end-of-turn token, or past a limit): pydantic-ai leaves such answers out when it sends the
+conversation back. Their tokens stay in the trajectory as sampled."""
+
+
+def _repeated(had: list[tuple], got: list[tuple]) -> int | None:
+    """How many of the keys `got` repeat the conversation so far (`had`), where an empty answer
+    may be left out; None if they do not repeat it."""
+    j = 0
+    for key in had:
+        if j < len(got) and got[j] == key:
+            j += 1
+        elif key != EMPTY_ANSWER:
+            return None
+    return j
+
+
+def _difference(s: Session, messages: list[ChatMessage], keys: list[tuple]) -> str:
+    """Why `messages` do not repeat the conversation so far, naming the message and field."""
+    if len(keys) < len(s.keys):
+        return (f"messages must repeat the conversation so far: got {len(keys)} messages, the "
+                f"conversation has {len(s.keys)}")
+    i = next(i for i, (a, b) in enumerate(zip(keys, s.keys)) if a != b)
+    where, got, had = first_difference(messages[i], s.messages[i])
+    if s.messages[i].role == "assistant":
+        return (f"messages[{i}].{where} differs from what the endpoint returned (got "
+                f"{_short(got)}, returned {_short(had)}): send assistant messages back exactly "
+                "as returned (content and tool_calls; JSON arguments may be re-serialised)")
+    return (f"messages[{i}].{where} differs from the conversation so far (got {_short(got)}, "
+            f"had {_short(had)}): messages must repeat the conversation so far")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -313,9 +376,8 @@ UserAgent = Callable[[str, list[dict[str, str]]], object]
 
 
 def load_user_agent(spec: str) -> UserAgent:
-    """`package.module:function` -> the function."""
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    """`package.module:function` or `path/to/file.py:function` -> the function."""
+    return load_function(spec, "actors.agent.function")
 
 
 class OpenAIAgent:

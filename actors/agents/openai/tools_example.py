@@ -9,7 +9,8 @@ the model answers. Nothing in it is Tether's: the same function runs against any
 OpenAI-compatible server. With the tiny calculator model the endpoint's `tether` parser turns
 `<call> calc ARG </call>` into the call; a Qwen-family model would use `actors.agent.tool_parser=hermes`.
 
-One `httpx.Client` (a connection pool) serves every rollout: each rollout only wraps it in an
+One HTTP client (a connection pool: `openai.DefaultHttpxClient`, an httpx client under
+openai 1.x/2.x and an httpx2 one under 3.x) serves every rollout: each rollout only wraps it in an
 `OpenAI` for its own base URL. A fresh `OpenAI(...)` per rollout builds its own pool and TLS
 context, about 40 ms here, which at 64 rollouts a step cost more than the model did.
 """
@@ -18,8 +19,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
-from openai import OpenAI
+from openai import DefaultHttpxClient, OpenAI
 
 from actors.agents.openai.example import calculate
 
@@ -29,7 +29,7 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["argument"]}}}]
 
 
-HTTP = httpx.Client(timeout=300)
+HTTP = DefaultHttpxClient(timeout=300)
 """Shared by every rollout's client (httpx clients are thread-safe); never closed by them. A
 request waits for a place in the engine's batch: with 64 rollouts per actor on 2 loaded cores
 one turn took over 60 s once (the timeout before). The client keeps its default retries (2): a

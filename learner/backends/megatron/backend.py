@@ -60,7 +60,8 @@ class MegatronBackend:
 
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device, tp: int, pp: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, activation_checkpointing: bool = False
+                 ) -> None:
         """fp32 parameters and AdamW state; forward and backward passes in `dtype` (autocast,
         models/devices.py `compute`, as the single-process backend; see "Mixed precision" in
         the module docstring)."""
@@ -88,7 +89,8 @@ class MegatronBackend:
         self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         self.hf_shapes = _hf_shapes(self.hf)
         self.offset = self.pp_rank * (self.hf.num_hidden_layers // pp)
-        self.model = _build_model(self.hf, tp, pp, self.first, self.last, device)
+        self.model = _build_model(self.hf, tp, pp, self.first, self.last, device,
+                                  activation_checkpointing)
         self._load_hf()
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr,
@@ -360,7 +362,8 @@ def _plan(hf, shapes: dict[str, tuple[int, ...]], stage: int,
     return [(n, shapes[n]) for n in names]
 
 
-def _build_model(hf, tp: int, pp: int, first: bool, last: bool, device: torch.device):
+def _build_model(hf, tp: int, pp: int, first: bool, last: bool, device: torch.device,
+                 activation_checkpointing: bool = False):
     """GPTModel with Megatron-core's local (non-TransformerEngine) layer spec, float32
     parameters; the residual additions are `_residual_add`."""
     import torch.nn.functional as F
@@ -380,7 +383,10 @@ def _build_model(hf, tp: int, pp: int, first: bool, last: bool, device: torch.de
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         pipeline_dtype=PIPELINE_DTYPE, params_dtype=torch.float32,
         use_cpu_initialization=device.type == "cpu", batch_p2p_sync=False,
-        calculate_per_token_loss=True)
+        calculate_per_token_loss=True,
+        # learner.activation_checkpointing: every layer's activations recomputed in the backward
+        **({"recompute_granularity": "full", "recompute_method": "uniform",
+            "recompute_num_layers": 1} if activation_checkpointing else {}))
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     attention = spec.submodules.self_attention
     attention.submodules = dataclasses.replace(attention.submodules,
