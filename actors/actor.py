@@ -3,7 +3,8 @@
     join:     Hello -> Welcome -> build engine from the learner's model files -> pull weights
     work:     WorkRequest --(parked at the learner until the staleness capacity admits it)-->
               LeaseGrant -> wait for weights >= the leases' min_version -> run the agent for
-              every sample of every lease -> PUSH GroupResults
+              every sample of every lease (with model scorers: each sample to the learner's
+              scoring desk as it ends, SampleDone) -> PUSH GroupResults
     weights:  every newly announced version is pulled and loaded at once, concurrently with
               generation (hf: between batches; vllm: mid-request with update_mode keep/abort)
     side:     heartbeat every heartbeat_s (HeartbeatAck proves the learner alive); every new
@@ -42,7 +43,7 @@ from actors.engines.client import EngineClient
 from actors.engines.base import LLMClient
 from configs.loader import ConfigError
 from configs.run_settings import adopt
-from configs.schema import TetherConfig
+from configs.schema import TetherConfig, model_scorers
 from transport import messages as m
 from transport import security, sockets
 from transport.sockets import configure
@@ -134,6 +135,8 @@ class Actor:
         self.tokens_done = 0
         self.status_t = time.monotonic()
         self.status_tokens = 0
+        self.stream_samples = bool(model_scorers(cfg))
+        """Send each finished sample to the scorer fleet at once (SampleDone), ahead of its group."""
 
     async def run(self) -> int:
         """Work until the learner says Shutdown (or a signal sets `stopped`); returns the exit code.
@@ -557,11 +560,21 @@ class Actor:
                              meta=lease.meta, max_new_tokens=lease.max_new_tokens,
                              temperature=lease.temperature, run_seed=lease.seed)
                  for i in range(lease.num_samples)]
-        rollouts = await asyncio.gather(*(self.agent.run(t, self.client) for t in tasks),
+        rollouts = await asyncio.gather(*(self._rollout(lease, t) for t in tasks),
                                         return_exceptions=True)
         samples, tokens = zip(*(_sample(i, r) for i, r in enumerate(rollouts)))
         return m.pack_group(lease_id=lease.lease_id, actor_id=self.actor_id,
                             prompt_id=lease.prompt_id, samples=list(samples), tokens=list(tokens))
+
+    async def _rollout(self, lease: m.Lease, task: RolloutTask) -> Rollout:
+        """One sample; in runs with model scorers, streamed to scoring as soon as it ends (the
+        samples of a group end at different times: lengths, turns, tools)."""
+        r = await self.agent.run(task, self.client)
+        if self.stream_samples:
+            await self.control.send(self.enc.encode(m.SampleDone(
+                actor_id=self.actor_id, lease_id=lease.lease_id, sample_index=task.sample_index,
+                completion_ids=m.Array.from_numpy(r.completion_ids))))
+        return r
 
     def _status(self, every_s: float = 10.0) -> None:
         """A compact progress line every `every_s` seconds."""

@@ -51,6 +51,7 @@ from learner.local_scorers import LocalScorers
 from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.reward_health import RewardHealth
+from learner.scoring import balanced
 from learner.server import LearnerServer
 from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
@@ -548,7 +549,6 @@ def _summary(cfg: TetherConfig, st: LeadState, evals: dict, wall: float, reason:
         "rollout_ends": snap["rollout_ends"], "reward_scores": snap["reward_scores"],
         "tool_parse_errors": snap["tool_parse_errors"],
         "scoring": scoring,
-        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
-            scoring["scored"] + scoring["failed"] + scoring["live"])),
+        "accounting_ok": accounted == lc["granted"] and (not scoring or balanced(scoring)),
         "metrics_summary": st.metrics.summary(),
     }

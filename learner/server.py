@@ -14,6 +14,8 @@ What blocks where:
   * With model scorers (task.scorers), a validated group waits in the scoring desk
     (learner/scoring.py) until every sample is scored; groups there hold buffer room, so the
     trajectory socket is read only while buffer + desk have room (the same backpressure).
+    Actors stream each finished sample there first (SampleDone, on the control socket, read
+    even while the buffer is full): at most one item per sample of an outstanding lease.
   * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
     the immutable buckets of the current version, so queueing them costs no copies, and a
     ROUTER at its high-water mark would silently drop buckets.
@@ -44,7 +46,7 @@ from learner.evaluate import Evaluations
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
 from learner.scoring import ScoringDesk
-from learner.validate import InvalidTrajectory, to_group
+from learner.validate import InvalidTrajectory, sample_ids, to_group
 from transport import messages as m
 from transport import security
 from transport import sockets
@@ -106,7 +108,8 @@ class LearnerServer(threading.Thread):
         self._dec = m.Decoders()
         self._ctx = sockets.context(self.tcfg)
         self._bind_sockets()
-        self.desk = ScoringDesk(cfg, self._send_control) if model_scorers(cfg) else None
+        self.desk = (ScoringDesk(cfg, self._send_control, lambda lid: lid in leases.outstanding)
+                     if model_scorers(cfg) else None)
         """The scorer fleet's broker (None without model scorers: groups go straight to the
         buffer)."""
 
@@ -359,7 +362,7 @@ class LearnerServer(threading.Thread):
                 self._on_hello(identity, msg)
             case m.ScorerHello() | m.ScorerHeartbeat() | m.ScoreDone():
                 self._on_scorer(identity, msg)
-            case m.WorkRequest() | m.Heartbeat() | m.Goodbye():
+            case m.WorkRequest() | m.Heartbeat() | m.Goodbye() | m.SampleDone():
                 st = self.actors.get(msg.actor_id)
                 if st is None or st.identity != identity:
                     self._reject("not_registered", f"actor {msg.actor_id!r} must send Hello first",
@@ -427,6 +430,34 @@ class LearnerServer(threading.Thread):
                 self.leases.expire_actor(aid)
                 del self.actors[aid]
                 log.info("actor %s left; %d connected", aid, len(self.actors))
+            case m.SampleDone():
+                self._on_sample_done(msg)
+
+    def _on_sample_done(self, msg: m.SampleDone) -> None:
+        """A streamed sample to score (learner/scoring.py); its lease's group comes later."""
+        if self.desk is None:
+            self._reject("no_scorers", f"sample_done from {msg.actor_id!r}: this run has no "
+                         "model scorers (task.scorers)")
+            return
+        rec = self.leases.outstanding.get(msg.lease_id)
+        if rec is None or rec.actor_id != msg.actor_id:
+            if self.leases.is_closed(msg.lease_id) or self.leases.is_void(msg.lease_id):
+                self.desk.stream_late()  # its group arrived first, or the lease ended
+            else:
+                self._reject("unknown_lease", f"sample_done: lease {msg.lease_id} is not "
+                             f"outstanding for {msg.actor_id!r}")
+            return
+        if not 0 <= msg.sample_index < rec.num_samples:
+            self._reject("invalid_sample", f"sample_done: lease {msg.lease_id} has no sample "
+                         f"{msg.sample_index}")
+            return
+        try:
+            ids = sample_ids(msg.completion_ids, self.vocab_size, max_completion_tokens(self.cfg))
+        except InvalidTrajectory as e:
+            self._reject("invalid_sample", f"sample_done: lease {msg.lease_id} sample "
+                         f"{msg.sample_index}: {e}")
+            return
+        self.desk.stream(rec, msg.sample_index, ids)
 
     def _on_scorer(self, identity: bytes, msg) -> None:
         if self.desk is None:
@@ -541,7 +572,10 @@ class LearnerServer(threading.Thread):
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
         if self.desk is not None:  # to the buffer once every sample is scored (_take_scored)
-            self.desk.add(msg, rec, group)
+            problem = self.desk.add(msg, rec, group)
+            if problem:
+                self.leases.drop(rec, DropReason.INVALID)
+                self._reject("invalid_trajectory", problem)
             return None
         return self._keep(msg, rec, group)
 
