@@ -212,7 +212,7 @@ if importlib.util.find_spec("learner.backends.registry"):  # the layout after is
     backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device,
                            activation_checkpointing=L.activation_checkpointing)
 else:  # main before issue #41 (--before-root)
-    from learner.trainer import Trainer
+    from learner.algo.trainer import Trainer
     ranks = distributed.start(backend_kind)
     backend = distributed.make_backend(backend_kind, model_dir, L.lr, 0.0, 0, ranks)
 trainer = Trainer(cfg, backend, pad_id=0)
