@@ -104,7 +104,7 @@ def run_actor(cfg: TetherConfig, endpoint: str, ns: argparse.Namespace) -> int:
     async def run() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, actor.stopped.set)
+            loop.add_signal_handler(sig, actor.stop, f"signal {int(sig)}")
         return await actor.run()
 
     import uvloop

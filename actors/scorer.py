@@ -55,7 +55,7 @@ async def judge_engine(cfg, device: str):
     if not files:
         raise FileNotFoundError(f"task.scorers {cfg.name}: no *.safetensors in {path}")
     if cfg.engine == "vllm":
-        from actors.vllm_engine import VLLMEngine
+        from actors.engines.vllm.engine import VLLMEngine
 
         if len(files) != 1:
             raise ValueError(f"task.scorers {cfg.name}: the vllm judge loads one safetensors "
@@ -67,8 +67,8 @@ async def judge_engine(cfg, device: str):
         return llm, tokenizer, llm.shutdown
     from safetensors.torch import load_file
 
-    from actors.client import EngineClient
-    from actors.hf_engine import HFEngine
+    from actors.engines.client import EngineClient
+    from actors.engines.hf import HFEngine
 
     def build() -> HFEngine:
         engine = HFEngine(path, device)

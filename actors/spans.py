@@ -1,5 +1,5 @@
 """Where an actor's time goes: its work loop's states and weight pulls as spans, sent to the
-learner on heartbeats (learner/timeline.py turns them into metrics and the trace)."""
+learner on heartbeats (learner/obs/timeline.py turns them into metrics and the trace)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transport import messages as m
 
 
 class SpanLog:
-    """This actor's time spans since its last heartbeat (learner/timeline.py); the oldest go
+    """This actor's time spans since its last heartbeat (learner/obs/timeline.py); the oldest go
     first past transport.messages.MAX_SPANS."""
 
     def __init__(self) -> None:

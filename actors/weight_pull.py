@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from actors.engine import LLMClient
+from actors.engines.base import LLMClient
 from transport import messages as m
 
 log = logging.getLogger(__name__)

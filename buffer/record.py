@@ -44,7 +44,7 @@ TOKEN_FIELDS: tuple[TokenField, ...] = (
 actors send it in (ids and versions int32: vocabularies and version counters stay far below
 2**31; masks 0/1 as uint8): intake copies nothing it need not (the record keeps views of the
 received bytes, learner/validate.py) and a buffered token takes 13 bytes (24 with int64 ids and
-versions and float32 masks). The trainer's batch (learner/batch.py) widens them to int64 and float32."""
+versions and float32 masks). The trainer's batch (learner/algo/batch.py) widens them to int64 and float32."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ from msgspec import Meta
 from configs.base import Count, ImportPath, Kind, Port, Positive
 
 TOOLS = ("calc", "python")
-"""Tools the `tools` agent can offer (actors/tools.py)."""
+"""Tools the `tools` agent can offer (actors/agents/tools.py)."""
 _TOOL = "|".join(TOOLS)
 ToolList = Annotated[str, Meta(pattern=rf"^\s*({_TOOL})\s*(,\s*({_TOOL})\s*)*$",
                                description=f"a comma-separated subset of {TOOLS}")]
@@ -66,7 +66,8 @@ class OpenAIAgentConfig(EndpointAgentConfig, tag="openai", kw_only=True):
     """Your code, talking to the actor's OpenAI endpoint (docs/agents.md)."""
 
     function: ImportPath
-    """Your module:function, called as fn(base_url, messages) (sync or async) per sample."""
+    """Your module:function (or file.py:function), called as fn(base_url, messages) (sync or
+    async) per sample."""
 
 
 class EnvironmentAgentConfig(EndpointAgentConfig, tag="environment"):

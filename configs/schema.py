@@ -30,7 +30,8 @@ from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackend
                               SingleBackendConfig)
 from configs.base import Count, Kind, NonNegative, Port, Positive, Section
 from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
-                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
+                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig,
+                             vllm_engine_arg_errors)
 from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
 __all__ = [  # the per-kind sections, importable from here too
@@ -46,31 +47,32 @@ __all__ = [  # the per-kind sections, importable from here too
 class ModelConfig(Section):
     path: str = "runs/models/tiny_reverse"
     """HF-format model directory (config, tokenizer, safetensors) the learner starts from."""
-    build_tiny: bool = True
-    """If `path` does not exist, build the tiny Qwen2 model + tokenizer there (no hub needed)."""
+    build_tiny: bool = False
+    """Build the tiny Qwen2 model at `path` if it holds none (the toy presets; off: an error)."""
     warmstart_steps: NonNegative = 30
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of learner forward passes and rollout engines: float32 | bfloat16 (master weights stay fp32)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype of learner, reference, critic and engines: auto (bfloat16 on CUDA, float32
+    on CPU) | float32 | bfloat16 (master weights stay fp32)."""
     ref_path: str = ""
-    """HF model directory of the frozen KL reference policy (default: `path`, the initial weights)."""
+    """HF directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
-    """HF model directory the critic's backbone starts from (default: `path`, the policy's start)."""
+    """HF directory the critic's backbone starts from (default: `path`)."""
 
 
 class TaskConfig(Section):
     name: str = "reverse"
-    """The task: a built-in short name (reverse | calculator | gsm8k | data | additions |
-    environment | verifiers) or an import path `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    """A built-in task (reverse, calculator, gsm8k, data, additions, environment, verifiers) or
+    `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
-    """Length of the digit string the toy reversal task asks to reverse."""
+    """Digits the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL file of {"question", "answer": "... #### N"} lines (every 10th is held out);
-    data: a JSONL / JSON / Parquet file or a `datasets` save_to_disk directory."""
-    eval_prompts: Count = 128
-    """Held-out prompts scored (one sample each) at the start and end of a run."""
+    """gsm8k: JSONL of {"question", "answer": "... #### N"} (every 10th held out); data: a JSONL /
+    JSON / Parquet file or a `datasets` save_to_disk directory."""
+    eval_prompts: NonNegative = 128
+    """Held-out prompts scored (one sample each) at the start and end of a run (0 = none)."""
     max_new_tokens: Count = 5
     """Most tokens an actor may generate per sample."""
     temperature: Positive = 1.0
@@ -84,11 +86,13 @@ class TaskConfig(Section):
     system_prompt: str = ""
     """data: system message put before the prompt ("" = none: the chat template's default)."""
     template_kwargs: dict = msgspec.field(default_factory=dict)
-    """data: extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking)."""
+    """data: extra apply_chat_template keyword arguments (e.g. enable_thinking)."""
     environment: str = ""
     """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
     verifiers_env: str = ""
-    """verifiers: the verifiers environment whose taskset is the prompts and whose rubric the actors' `verifiers` agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or a verifiers environment id (docs/agents.md)."""
+    """verifiers: the environment whose taskset gives the prompts and whose rubric the `verifiers`
+    agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or an
+    environment id (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -96,18 +100,22 @@ class TaskConfig(Section):
     shuffle: bool = True
     """data: visit the training rows in a seeded random order, a new one every epoch."""
     reward: str = ""
-    """Reward import path `package.module:function` or `path/to/file.py:function` ("" = the
-    task's own reward); run in a process pool, see docs/models_data_rewards.md."""
+    """Reward `package.module:function` or `path/to/file.py:function`, run in a process pool ("" =
+    the task's own; docs/models_data_rewards.md)."""
     reward_kwargs: dict = msgspec.field(default_factory=dict)
-    """Keyword arguments passed to every call of the `reward` function."""
+    """Keyword arguments of every `reward` call."""
     reward_timeout_s: Positive = 10.0
     """Wall-clock limit of one reward call; a timed-out call scores 0 and is counted."""
     reward_workers: Count = 2
     """Worker processes of the reward pool (per actor, and in the learner for evaluation)."""
     scorers: list[Scorer] = msgspec.field(default_factory=list)
-    """The reward as a weighted sum of scorers, each a tagged section {kind: function | classifier |
-    judge | remote, name, weight, ...} (configs/scorers.py, docs/models_data_rewards.md); empty =
-    `reward` (or the task's own reward) alone."""
+    """The reward as a weighted sum of scorers, each a `kind` section (below;
+    docs/models_data_rewards.md); empty = `reward` (or the task's own) alone."""
+    reward_max_error_frac: Annotated[float, Meta(gt=0, le=1)] = 0.5
+    """Stop the run when more reward calls than this fail, in an evaluation or over the last
+    reward_error_window rollouts (1 = never)."""
+    reward_error_window: Count = 64
+    """Rollouts over which reward_max_error_frac is judged while training."""
     overlong_buffer: NonNegative = 0
     """DAPO soft overlong punishment: the last this many tokens of the completion budget are
     penalised linearly (0 = off)."""
@@ -132,11 +140,10 @@ class LoraConfig(Section):
     alpha: Positive = 16.0
     """LoRA alpha: the adapter's update B @ A is scaled by alpha / rank."""
     dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
-    """Dropout on the adapter's input while training (0 = none; then rollouts and training see
-    the same function)."""
+    """Dropout on the adapter's input while training (0 = none: rollouts and training see the same
+    function)."""
     targets: TargetList = ",".join(LORA_TARGETS)
-    """Comma-separated linear layers of every decoder layer that get an adapter, and `lm_head`
-    for the output head."""
+    """Linear layers of every decoder layer that get an adapter; `lm_head`: the output head too."""
 
     def target_list(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",")]
@@ -146,14 +153,13 @@ class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
     max_train_minutes: Annotated[float, Meta(ge=0)] = 0.0
-    """Also end the run once training has lasted this long, counted from the first wait for a
-    batch (start-up and the first evaluation excluded; the final evaluation and export follow).
-    0 = no limit. summary.json's end_reason is then "time_limit"; comparisons at equal wall time."""
+    """Also end the run after this long of training, counted from the first wait for a batch
+    (start-up and first evaluation excluded; the final evaluation and export follow any end); 0 =
+    no limit. end_reason: "time_limit"."""
     stop_at_reward: float | None = None
-    """Also end the run once the sampled reward, averaged over the training batches of the last
-    `stop_reward_window` steps, reaches this (null = never). summary.json's end_reason is then
-    "reward_reached"; the final evaluation and export follow as for any end. The window counts
-    the steps of this process only (a resumed run fills it again)."""
+    """Also end the run once the sampled reward averaged over the last `stop_reward_window` steps
+    (of this process: a resumed run refills them) reaches this (null = never). end_reason:
+    "reward_reached"."""
     stop_reward_window: Count = 20
     """Steps averaged for `stop_at_reward`."""
     prompts_per_step: Count = 16
@@ -169,15 +175,15 @@ class LearnerConfig(Section):
     clip_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     """PPO clip: the ratio is clipped below at 1 - clip_low."""
     clip_high: Annotated[float, Meta(ge=0)] = 0.2
-    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher if > clip_low)."""
+    """PPO clip: the ratio is clipped above at 1 + clip_high (DAPO clip-higher if > clip_low)."""
     dual_clip: Annotated[float, Meta(ge=0)] = 0.0
     """Dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)."""
     correction: Literal["none", "tis", "decoupled", "mask"] = "none"
-    """Off-policy correction: none | tis | decoupled | mask (see docs/staleness.md)."""
+    """Off-policy correction (docs/staleness.md)."""
     is_cap: Positive = 2.0
-    """C: importance weights min(pi_prox / mu, C) are truncated at this value (tis, decoupled)."""
+    """C: importance weights are min(pi_prox / mu, C) (tis, decoupled)."""
     is_level: Literal["token", "sequence"] = "token"
-    """Importance weight granularity: token | sequence."""
+    """Importance weights per token or per sequence."""
     mask_low: Annotated[float, Meta(gt=0, lt=1)] = 0.5
     """mask correction: tokens whose pi_theta / mu falls below this get no gradient."""
     mask_high: Annotated[float, Meta(gt=1)] = 2.0
@@ -187,10 +193,10 @@ class LearnerConfig(Section):
     staleness_decay: Annotated[float, Meta(gt=0, le=1)] = 1.0
     """Per-token IS weights are scaled by decay**staleness (1.0 = no staleness-aware decay)."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
-    """Loss aggregation: token_mean | seq_mean_token_mean | constant (Dr.GRPO, / max_new_tokens)."""
+    """Loss aggregation (constant: Dr.GRPO, divided by max_new_tokens)."""
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
-    """Advantage estimator: grpo (group mean/std) | drgrpo (group mean only) | rloo |
-    reinforce_pp (batch-normalised returns) | gae, vtrace (with a critic; docs/algorithms.md)."""
+    """grpo: group mean/std; drgrpo: group mean only; reinforce_pp: batch-normalised returns; gae,
+    vtrace: with a critic (docs/algorithms.md)."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -198,10 +204,12 @@ class LearnerConfig(Section):
     checkpoint_every: NonNegative = 100
     """Save a checkpoint every N steps (0 = only at the end)."""
     checkpoint_keep: NonNegative = 2
-    """Keep the newest N checkpoints and delete older ones once a new one is complete (0 = keep
-    all). A SmolLM2-135M checkpoint with AdamW state is 1.6 GB."""
+    """Keep the newest N checkpoints, deleting older ones once a new one is complete (0 = all).
+    SmolLM2-135M with AdamW state: 1.6 GB each."""
     resume: bool = False
-    """Continue from the newest checkpoint in run_dir/checkpoints."""
+    """Continue the run in run_dir from its newest checkpoint (not another run's)."""
+    overwrite: bool = False
+    """Replace the run run_dir holds (its files are deleted first); without it, an error."""
     log_every: Count = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     trace_steps: NonNegative = 0
@@ -210,32 +218,33 @@ class LearnerConfig(Section):
     trace_from_step: NonNegative = 5
     """The traced steps start after this version (past start-up)."""
     tensorboard: bool = True
-    """Also write every step's metrics to run_dir/tensorboard (when the tensorboard package is installed)."""
+    """Also write every step's metrics to run_dir/tensorboard (if tensorboard is installed)."""
     tracker: Literal["none", "wandb", "mlflow"] = "none"
-    """Experiment tracker that also gets every step's metrics and the summary: none | wandb | mlflow
-    (the package must be installed: `pip install -e .[tracking]`; the learner refuses to start otherwise)."""
+    """Also send every step's metrics and the summary to W&B or MLflow (`pip install -e
+    .[tracking]`, else the learner refuses to start)."""
     tracker_project: str = "tether"
     """W&B project / MLflow experiment name the run is logged under."""
     tracker_online: bool = False
-    """False: offline (W&B mode=offline in run_dir/wandb, MLflow SQLite store run_dir/mlflow.db);
-    True: W&B syncs to its server, MLflow uses MLFLOW_TRACKING_URI."""
+    """false: offline (W&B in run_dir/wandb, MLflow in run_dir/mlflow.db); true: W&B syncs to its
+    server, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
-    """Training backend: single (one process) | fsdp2 (torch FSDP2 over torchrun ranks) | megatron
-    (Megatron-core tensor/pipeline parallel over torchrun ranks; `pip install -e .[megatron]`)."""
+    """Training backend (each kind's section below; docs/backends.md)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Training device: auto (CUDA when present, else cpu) | cpu | cuda (cuda:LOCAL_RANK)."""
+    """Training device: auto = CUDA when present, else cpu; cuda = cuda:LOCAL_RANK."""
     cpu_placement: Literal["shared", "split"] = "shared"
     """CPU learner with local actor processes: shared (every process on every core, one torch
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
     pinned, torch threads = its cores; docs/operations.md)."""
+    collective_timeout_s: Positive = 1800.0
+    """Timeout of every collective between the learner's ranks."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
-    """KL estimator per token: k1 | k2 | k3 (Schulman 2020) | low_var_kl (k3 clamped as verl does)."""
+    """Per-token KL estimator (Schulman 2020; low_var_kl: k3 clamped as verl does)."""
     kl_in: Literal["loss", "reward"] = "loss"
-    """Where the reference KL goes: loss (a term of the loss) | reward (subtracted from the rewards)."""
+    """Reference KL as a term of the loss, or subtracted from the rewards."""
     entropy_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Entropy bonus: the loss minus this times the mean policy entropy (logged either way)."""
     gamma: Annotated[float, Meta(ge=0, le=1)] = 1.0
@@ -253,29 +262,37 @@ class LearnerConfig(Section):
     vtrace_c: Positive = 1.0
     """V-trace c-bar: truncation of pi_prox / mu in the trace coefficients."""
     ratio_level: Literal["token", "sequence"] = "token"
-    """PPO ratio: token | sequence (GSPO: the length-normalised sequence ratio is clipped)."""
+    """PPO ratio per token, or per sequence (GSPO: the length-normalised sequence ratio is
+    clipped)."""
     policy_loss: Literal["ppo", "cispo"] = "ppo"
-    """ppo (clipped surrogate) | cispo (REINFORCE with a clipped, stop-gradient ratio weight;
-    bounds 1 - clip_low, 1 + clip_high)."""
+    """ppo: clipped surrogate; cispo: REINFORCE with a clipped, stop-gradient ratio weight (bounds
+    1 - clip_low, 1 + clip_high)."""
     drop_uniform_groups: bool = False
-    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform})
-    and more prompts are leased to fill the batch."""
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform}) and
+    more prompts leased to fill the batch."""
     mask_truncated: bool = False
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
+    max_tokens_per_microbatch: NonNegative = 0
+    """Per rank: micro-batches of rows bucketed by length, at most this many tokens each
+    (rows x longest row), gradients accumulated (0 = one batch). single and fsdp2."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them."""
 
 
 class ActorsConfig(Section):
     num_local: NonNegative = 2
     """Actor processes the learner spawns on this node (0 = start actors yourself)."""
     engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
-    """Rollout engine: hf (transformers, CPU fallback) | vllm | sglang | simulated (no model; load tests, benchmarks)."""
+    """Rollout engine (each kind's section below; docs/engines.md)."""
     groups_per_request: Count = 8
-    """Leases an actor asks for at once; their samples are generated as one batch. Larger keeps
-    the engine's batch fuller (fewer round trips, fewer tail waits) and returns samples later."""
+    """Leases an actor asks for at once, generated as one batch: larger keeps the engine's batch
+    fuller (fewer round trips and tail waits) but returns samples later."""
     agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
-    """Agent per sample: single_turn | tools (multi-turn tool calls) | openai (your code via the endpoint) | environment (an environment's rollout and rubric via the endpoint) | verifiers (task.verifiers_env's episode and rubric via the endpoint)."""
+    """Agent run per sample (each kind's section below; docs/agents.md)."""
+    join_timeout_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Seconds an actor tries to join before it exits (code 4); 0 = forever."""
 
 
 class BufferConfig(Section):
@@ -289,9 +306,9 @@ class BufferConfig(Section):
 
 class TransportConfig(Section):
     kind: Literal["zmq", "inproc"] = "zmq"
-    """zmq (TCP; learner and actors in separate processes, on any nodes) | inproc (one process:
-    the learner runs actors.num_local actors as threads over ZeroMQ's in-process transport;
-    for debugging and protocol tests)."""
+    """zmq: TCP, learner and actors as processes on any nodes; inproc: the learner runs its
+    actors.num_local actors as threads over ZeroMQ's in-process transport (debugging, protocol
+    tests)."""
     host: str = "127.0.0.1"
     """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
     advertise_host: str = ""
@@ -328,6 +345,25 @@ class TransportConfig(Section):
     """Actor: the learner's public key file."""
 
 
+GpuList = Annotated[str, Meta(pattern=r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$",
+                               description='GPU indices and ranges joined by commas, e.g. "0-3"')]
+"""A list of GPUs of one node (configs/placement.py)."""
+GpuIndex = Annotated[int, Meta(ge=0)]
+"""One GPU (YAML reads `4` as a number)."""
+
+
+class PlacementConfig(Section):
+    gpus_per_node: NonNegative = 0
+    """GPUs of each node (0 = count them at start; stated: checked at load)."""
+    learner: Annotated[str, Meta(pattern=r"^(auto|\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*)$",
+                                 description='auto or GPU indices and ranges, e.g. "0-3"')] | GpuIndex = "auto"
+    """The learner's GPUs, one per local rank, e.g. "0-3" (auto: the first ones)."""
+    actors: list[GpuList | GpuIndex] = []
+    """Each local actor's GPUs, e.g. ["4,5", "6,7"] ([] = auto: after the learner's)."""
+    scorers: list[GpuList | GpuIndex] = []
+    """Each reward scorer's GPUs ([] = none)."""
+
+
 class TetherConfig(Section):
     run_dir: str = "runs/toy_reverse"
     """Directory for endpoints.json, metrics.jsonl, checkpoints, summary.json and the final model."""
@@ -347,6 +383,8 @@ class TetherConfig(Section):
     """ZeroMQ sockets, heartbeats and limits."""
     scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
     """The scorer fleet that runs the model scorers of task.scorers."""
+    placement: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
+    """Which GPUs each process on the learner's node gets (configs/placement.py)."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -355,10 +393,13 @@ BUILTIN_TASKS: dict[str, str] = {
     "gsm8k": "tasks.gsm8k:make_task",
     "data": "tasks.data:make_task",
     "additions": "tasks.additions:make_task",
-    "environment": "actors.environment:make_task",
-    "verifiers": "actors.verifiers_agent:make_task",
+    "environment": "actors.agents.environment:make_task",
+    "verifiers": "actors.agents.verifiers:make_task",
 }
 """Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
+REWARD_TASKS = ("data", "additions")
+"""The built-in tasks that score with `task.reward`; the others score with their own reward
+(reverse, calculator, gsm8k) or their environment's rubric (environment, verifiers)."""
 
 
 def max_completion_tokens(cfg: TetherConfig) -> int:
@@ -388,6 +429,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
              "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
              "(not built for megatron yet)", L.backend.kind)
+        need(L.max_tokens_per_microbatch == 0, "learner.backend",
+             "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
+             "batches into its own pipeline micro-batches)", L.backend.kind)
         need(L.lora.rank == 0, "learner.backend",
              "single or fsdp2 with learner.lora.rank > 0 (LoRA is not built for megatron)",
              L.backend.kind)
@@ -427,6 +471,12 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          cfg.task.data_path)
     need(not cfg.task.reward or ":" in cfg.task.reward, "task.reward",
          "an import path module:function or path/to/file.py:function", cfg.task.reward)
+    need(not cfg.task.reward or cfg.task.name in REWARD_TASKS or cfg.task.name not in BUILTIN_TASKS,
+         "task.reward", f"empty with task.name={cfg.task.name} (that task scores with its own "
+         "reward; task.reward is used by task.name data, additions or a task given by import "
+         "path)", cfg.task.reward)
+    need(not (L.resume and L.overwrite), "learner.overwrite", "false with learner.resume=true "
+         "(resume continues the run that overwrite would delete)", L.overwrite)
     need(T.peer_timeout_s > 2 * T.heartbeat_s, "transport.peer_timeout_s",
          f"> 2 * transport.heartbeat_s={T.heartbeat_s}", T.peer_timeout_s)
     need(bool(T.curve_server_secret) == bool(T.curve_allowed_dir), "transport.curve_allowed_dir",
@@ -448,6 +498,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "ppo with learner.correction=tis (tis is its own policy gradient)", L.policy_loss)
     need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
+    errors += placement_errors(cfg)
+    if isinstance(A.engine, VLLMEngineConfig):
+        errors += vllm_engine_arg_errors(A.engine.engine_args)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     errors += _scorer_rules(cfg)
@@ -473,3 +526,32 @@ def _scorer_rules(cfg: TetherConfig) -> list[str]:
             errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
                           f"got {s.fn!r}")
     return errors
+
+
+def engine_gpus(cfg: TetherConfig, node_gpus: int) -> int:
+    """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: vLLM's
+    tensor_parallel_size, SGLang's tp_size, one HF engine GPU; none for the simulated engine,
+    an HF engine on the CPU, or a node without GPUs."""
+    E = cfg.actors.engine
+    if node_gpus == 0 or E.kind == "simulated" or (E.kind == "hf" and E.device == "cpu"):
+        return 0
+    return {"vllm": lambda: E.tensor_parallel_size, "sglang": lambda: E.tp_size}.get(
+        E.kind, lambda: 1)()
+
+
+def placement_errors(cfg: TetherConfig) -> list[str]:
+    """The placement's problem as one line, when the config states the node's GPUs
+    (`placement.gpus_per_node`) and the learner's GPUs (the learner starts with the rest known)."""
+    from configs.placement import PlacementError, parse_devices, plan
+
+    P = cfg.placement
+    if P.gpus_per_node == 0 or P.learner == "auto" or cfg.learner.device == "cpu":
+        return []
+    try:
+        ranks = len(parse_devices(str(P.learner), "placement.learner"))
+        plan(P.gpus_per_node, ranks, str(P.learner), cfg.actors.num_local,
+             engine_gpus(cfg, P.gpus_per_node), [str(a) for a in P.actors],
+             [str(a) for a in P.scorers])
+    except PlacementError as e:
+        return [str(e)]
+    return []

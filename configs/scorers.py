@@ -65,8 +65,8 @@ class ClassifierScorer(ScorerSection, tag="classifier", kw_only=True):
     output: str = ""
     """The output read: a label name of the model's id2label ("" = the last output)."""
     transform: str = "softmax"
-    """Logits to a float: softmax (probability of `output`) | sigmoid | raw (the logit) |
-    an import path `module:fn` called as fn(logits row: list[float]) -> float."""
+    """Logits to a float: softmax (probability of `output`), sigmoid, raw (the logit), or
+    `module:fn` called as fn(logits row: list[float]) -> float."""
     max_length: Count = 512
     """Tokens of prompt + completion kept (the left part is cut)."""
 
@@ -81,7 +81,7 @@ class JudgeScorer(ScorerSection, tag="judge", kw_only=True):
     path: str
     """HF causal-LM directory of the judge model (frozen: it never takes policy versions)."""
     engine: Literal["hf", "vllm"] = "hf"
-    """Tether engine that serves the judge: hf | vllm."""
+    """Tether engine that serves the judge."""
     template: str = ("Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\n"
                      "Answer: {completion}\nReply with the number only.")
     """The judge's user message; {prompt}, {completion} and {label} are filled in (chat template

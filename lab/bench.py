@@ -332,7 +332,7 @@ def _raw_router(packed, k: int) -> float:
 def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
     """Bytes and time per published version on the real SmolLM2-135M: the full weights vs the
     LoRA adapter (every projection of every layer) at each rank, each gathered and packed as the
-    learner does (learner/backend.py) and served by the learner's weights socket to k
+    learner does (learner/backends/base.py) and served by the learner's weights socket to k
     receivers. Time per version = pack + serve to all k."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -381,7 +381,7 @@ def bench_lora(model_dir: Path, receivers: list[int], ranks: list[int]) -> dict:
 def bench_apply(model_dir: Path) -> dict:
     from safetensors.torch import load_file
 
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from transport.weights import pack
 
     engine = HFEngine(model_dir)
@@ -449,9 +449,9 @@ def bench_e2e(work: Path, model_dir: Path, steps: int, target: float, engine: st
 def bench_rollout(model_dir: Path, batches: int) -> dict:
     from safetensors.torch import load_file
 
-    from actors.client import EngineClient
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
+    from actors.engines.client import EngineClient
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
 
     engine = HFEngine(model_dir)
     engine.load_weights(load_file(str(model_dir / "model.safetensors")), 0)
@@ -482,8 +482,8 @@ def bench_hf_logprobs(toy: Path, batches: int) -> dict:
     toy model (64 x 5 tokens, the preset's batch) and on SmolLM2-135M (8 x 32 tokens)."""
     from safetensors.torch import load_file
 
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
     from models.fetch import fetch
 
     cases = {"toy": (toy, np.array([1, 4, 7, 8, 9, 6, 5], np.int32), 64, 5, batches),
@@ -512,9 +512,9 @@ def bench_vllm(model_dir: Path, batches: int) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from actors.hf_engine import HFEngine
-    from actors.engine import GenerateRequest
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.hf import HFEngine
+    from actors.engines.base import GenerateRequest
+    from actors.engines.vllm.engine import VLLMEngine
     from transport.weights import pack
 
     prompt = [1, 4, 7, 8, 9, 6, 5]

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 def bench_sglang(model_dir: Path, batches: int) -> dict:
     from safetensors.torch import load_file
 
-    from actors.sglang_engine import SGLangEngine
+    from actors.engines.sglang.engine import SGLangEngine
     from transport.weights import pack
 
     prompt = [1, 4, 7, 8, 9, 6, 5]

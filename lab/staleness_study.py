@@ -110,7 +110,7 @@ def run_job(args: tuple[str, dict, int]) -> tuple[str, dict]:
     torch.set_num_threads(1)
     from models.tiny import load_tokenizer
 
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from learner.evaluate import evaluate
     from learner.sync_loop import run_sync
     from tasks import make_task

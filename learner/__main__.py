@@ -10,11 +10,24 @@ Distributed (FSDP2): torchrun --nproc_per_node N -m learner -c CONFIG learner.ba
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
-from learner import tracking
+from learner.model_setup import missing_model
+from learner.obs import tracking
+from learner.run_dir import RunDirError, check
+
+
+def preflight(cfg) -> None:
+    """What would stop the run at its start, said in one line before torch is imported: a
+    model.path that holds no model, a run_dir that holds another run (learner/run_dir.py)."""
+    problem = missing_model(cfg)
+    if problem:
+        raise ConfigError(problem)
+    if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run directory
+        check(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,15 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(ns.config, ns.overrides)
         tracking.require(cfg)
-    except ConfigError as e:
+        preflight(cfg)
+    except (ConfigError, RunDirError) as e:
         print(f"tether-learner: {e}", file=sys.stderr)
         return 2
 
     rank = os.environ.get("RANK")
     setup_process("learner" if rank is None else f"learner[rank{rank}]")
+    from configs.placement import PlacementError
     from learner.main import run
+    from learner.reward_health import RewardFailing
 
-    run(cfg)
+    try:
+        run(cfg)
+    except PlacementError as e:  # found when the node's GPUs are counted at start
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError, RewardFailing) as e:  # bad input found at start, a failing reward
+        logging.getLogger("learner").debug("the run stopped:", exc_info=True)
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -6,11 +6,20 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from configs.schema import TetherConfig
 
 log = logging.getLogger(__name__)
+
+
+def missing_model(cfg: TetherConfig) -> str | None:
+    """The one line saying model.path holds no model and none may be built there (None when it
+    holds one, or model.build_tiny asks for the toy model). Cheap: no torch."""
+    path = Path(cfg.model.path)
+    if (path / "config.json").exists() or cfg.model.build_tiny:
+        return None
+    return (f"model.path {path} holds no model (no config.json); set model.build_tiny=true to "
+            "build the toy model there")
 
 
 def ensure_model(cfg: TetherConfig) -> Path:
@@ -18,7 +27,7 @@ def ensure_model(cfg: TetherConfig) -> Path:
     if (path / "config.json").exists():
         return path
     if not cfg.model.build_tiny:
-        raise FileNotFoundError(f"model.path {path} has no config.json and model.build_tiny is false")
+        raise FileNotFoundError(missing_model(cfg))
     from models.tiny import build_model, build_tokenizer, save, vocab_for
     from tasks import make_task
 
@@ -39,6 +48,8 @@ def warm_start(model, task, steps: int, lr: float, batch: int = 64) -> None:
     """Supervised steps on the task's ideal trajectories (e.g. prompt + reversed digits, or a
     tool call, its result and the answer): gets sampled reward off the floor. Only the tokens
     the task marks as the model's are trained on (prompt and tool results are not)."""
+    import torch
+
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(steps):

@@ -33,13 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq
 
 from buffer.record import TrajGroup
 from buffer.accounting import DropReason
 from buffer.replay import ReplayBuffer
+from configs.run_settings import run_settings
 from configs.schema import TetherConfig, max_completion_tokens, model_scorers
-from learner.advantages import is_uniform
+from learner.algo.advantages import is_uniform
+from learner.evaluate import Evaluations
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
 from learner.scoring import ScoringDesk
@@ -52,6 +55,8 @@ from transport.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 
+EVAL_SEED = 12345
+"""Evaluation leases are seeded from learner.seed + this (the local evaluation's seeds too)."""
 TICK_MS = 100
 """Poll timeout: the longest the loop goes without checking for dead actors."""
 
@@ -83,6 +88,8 @@ class LearnerServer(threading.Thread):
         self.base = base
         self.run_id = uuid.uuid4().hex[:12]
         self.model_files = _model_files(model_dir)
+        self.run_settings = run_settings(cfg)
+        """The task, agent, reward and sampling settings every actor runs (sent in the Welcome)."""
         self.actors: dict[str, ActorState] = {}
         self.rejected: Counter[str] = Counter()
         """Messages refused, by reason (malformed, unknown_lease, not_registered, ...)."""
@@ -90,6 +97,11 @@ class LearnerServer(threading.Thread):
         """What the rollouts of accepted results (kept or dropped as agent_error) reported."""
         self.timeline = None
         """learner/timeline.Timeline, given the actors' time spans when set."""
+        self.evaluations = Evaluations()
+        """Held-out evaluation rounds served by the actors (learner/evaluate.py)."""
+        self.finishing = False
+        """Training ended: trajectories are read whatever the buffer's room (evaluation results
+        must not wait behind training groups nobody will take)."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -141,6 +153,16 @@ class LearnerServer(threading.Thread):
         """Make the gathered weights `packed` of `version` current: served to actors that ask,
         and a VersionAnnounce to every joined actor. Does not block (the I/O thread sends)."""
         self._command(("announce", version, packed))
+
+    def evaluate(self, version: int, prompts: list) -> None:
+        """Queue an evaluation of `version` on the held-out `prompts` (one lease each, granted
+        to actors before training work). Does not block; `evaluations.wait(version)` does."""
+        self.evaluations.open(version, len(prompts))
+        self._command(("evaluate", version, prompts))
+
+    def end_training(self) -> None:
+        """Grant no more training leases (evaluation leases only). Does not block."""
+        self._command(("end_training",))
 
     def stop(self, reason: str) -> None:
         """Tell every actor to shut down, close the sockets, end the thread."""
@@ -205,7 +227,7 @@ class LearnerServer(threading.Thread):
         stopping: str | None = None
         next_expiry = 0.0
         while stopping is None:
-            want = self._room() > 0
+            want = self._room() > 0 or self.finishing
             if want != reading_trajectories:
                 if want:
                     poller.register(self.trajectory, zmq.POLLIN)
@@ -248,7 +270,7 @@ class LearnerServer(threading.Thread):
         the valid ones to the buffer together: one lock and one wake-up of the trainer per
         batch. Frames are not copied: msgspec decodes straight from ZeroMQ's buffer."""
         groups = []
-        for _ in range(min(limit, self._room())):
+        for _ in range(limit if self.finishing else min(limit, self._room())):
             try:
                 frames = self.trajectory.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -256,13 +278,22 @@ class LearnerServer(threading.Thread):
             group = self._on_trajectory(frames)
             if group is not None:
                 groups.append(group)
+        self._put(groups)
+
+    def _put(self, groups: list[TrajGroup]) -> None:
+        """Into the buffer; while finishing (trajectories read whatever the room), those that do
+        not fit are dropped as after_end: nobody trains on them any more."""
+        room = self.buffer.room()
+        if len(groups) > room:
+            self.leases.drops.add(DropReason.AFTER_END, len(groups) - room)
+            groups = groups[:room]
         self.buffer.put_many(groups)
 
     def _take_scored(self) -> None:
         """Groups whose every sample is scored: counted, and kept (or dropped as uniform)."""
         groups = [g for w in self.desk.take_finished()
                   if (g := self._keep(w.msg, w.rec, w.group)) is not None]
-        self.buffer.put_many(groups)
+        self._put(groups)
 
     def _run_commands(self) -> str | None:
         while True:
@@ -276,6 +307,11 @@ class LearnerServer(threading.Thread):
                     news = self._enc.encode(m.VersionAnnounce(version=version))
                     for st in self.actors.values():
                         self.control.send_multipart([st.identity, news], zmq.NOBLOCK)
+                case ("evaluate", version, prompts):
+                    self.leases.add_eval(version, prompts)
+                case ("end_training",):
+                    self.leases.close_training()
+                    self.finishing = True
                 case ("stop", reason):
                     return reason
 
@@ -368,7 +404,7 @@ class LearnerServer(threading.Thread):
             weights_endpoint=self.endpoints["weights"], latest_version=self.version,
             heartbeat_s=self.tcfg.heartbeat_s, peer_timeout_s=self.tcfg.peer_timeout_s,
             model_files=self.model_files, run_id=self.run_id,
-            leases_kept=self.leases.held_by(msg.actor_id))
+            leases_kept=self.leases.held_by(msg.actor_id), run_settings=self.run_settings)
         self.control.send_multipart([identity, self._enc.encode(welcome)], zmq.NOBLOCK)
 
     def _on_registered(self, st: ActorState, msg) -> None:
@@ -476,9 +512,10 @@ class LearnerServer(threading.Thread):
 
     def _lease_msg(self, r: LeaseRecord) -> m.Lease:
         task = self.cfg.task
+        seed = self.cfg.learner.seed + (EVAL_SEED if r.eval_version is not None else 0)
         return m.Lease(lease_id=r.lease_id, prompt_id=r.prompt.prompt_id,
                        prompt_ids=m.Array.from_numpy(r.prompt.token_ids), num_samples=r.num_samples,
-                       min_version=r.min_version, seed=self.cfg.learner.seed,
+                       min_version=r.min_version, seed=seed,
                        max_new_tokens=task.max_new_tokens, temperature=task.temperature,
                        meta=r.prompt.meta)
 
@@ -517,6 +554,9 @@ class LearnerServer(threading.Thread):
             return None
         if st := self.actors.get(msg.actor_id):
             st.last_seen = time.monotonic()
+        if rec.eval_version is not None:
+            self._on_eval_result(msg, rec)
+            return None
         errors = [s.error for s in msg.samples if s.error]
         if errors:
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
@@ -546,6 +586,27 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
             return None
         return group
+
+    def _on_eval_result(self, msg: m.GroupResult, rec: LeaseRecord) -> None:
+        """Record an evaluation lease's sample (validated like training results; an agent error
+        or an invalid result scores 0 and is counted)."""
+        error = any(s.error for s in msg.samples)
+        versions = np.zeros(0, np.int32)
+        reward, item = 0.0, None
+        if not error:
+            try:
+                group = to_group(msg, rec, self.vocab_size, self.version,
+                                 max_tokens=max_completion_tokens(self.cfg))
+                reward = float(group.rewards[0])
+                versions = np.concatenate(group.versions)
+                item = (rec.prompt, np.array(group.completions[0]))
+            except InvalidTrajectory as e:
+                self._reject("invalid_trajectory", f"evaluation lease {rec.lease_id}: {e}")
+                error = True
+        failed = any(smp.scores.get(k) for smp in msg.samples
+                     for k in ("reward_error", "reward_timeout"))
+        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error, item,
+                                failed)
 
     # ------------------------------------------------------------ weights channel
     def _on_weight_request(self, frames: list[bytes]) -> None:

@@ -16,14 +16,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from actors.engine import GenerateRequest, sample_seed
-from actors.hf_engine import HFEngine
+from actors.engines.base import GenerateRequest, sample_seed
+from actors.engines.hf import HFEngine
 from buffer.record import TrajGroup
 from configs.schema import HFEngineConfig, TetherConfig
-from learner.advantages import is_uniform
-from learner.backend import SingleProcessBackend
+from learner.algo.advantages import is_uniform
+from learner.backends.single import SingleProcessBackend
 from learner.distributed import Ranks, make_models
-from learner.trainer import Trainer
+from learner.algo.trainer import Trainer
 
 
 def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
@@ -38,7 +38,8 @@ def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
     tokenizer = load_tokenizer(cfg.model.path)
     task = make_task(cfg.task, tokenizer, seed=cfg.learner.seed)
     L = cfg.learner
-    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed, lora=L.lora)
+    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed, lora=L.lora,
+                                   activation_checkpointing=L.activation_checkpointing)
     models = make_models(cfg, Ranks(0, 1, torch.device("cpu")), backend)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id, models=models,
                       eos_id=tokenizer.eos_token_id)

@@ -3,33 +3,67 @@
 Rows are right-padded and the forward pass is purely causal (no attention mask), so a token's
 logprob never depends on what follows it. Callers that need bitwise reproducibility also fix
 the padded length: CPU kernels give ulp-level differences for different sequence lengths.
+
+The model's output head never produces the batch's full-vocabulary logits: for the duration of
+the forward pass its `forward` is replaced by `models/chunked_logprobs.py`, which turns the
+final hidden states into the chosen tokens' logprobs and the entropies a chunk of tokens at a
+time (inside the model's own forward, so an FSDP2 root keeps its unsharded head for it).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
+from models.chunked_logprobs import CHUNK_TOKENS, head_logprobs_entropy
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
+                   chunk: int = CHUNK_TOKENS) -> torch.Tensor:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) under softmax(logits / temperature).
 
     Returns a float32 tensor of shape (batch, seq_len - 1)."""
-    logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return _forward(model, input_ids, temperature, False, chunk)[0]
 
 
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
-                           entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           entropy_grad: bool = False, chunk: int = CHUNK_TOKENS
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` (bitwise the same values) and the entropy of each position's tempered
     next-token distribution, both (batch, seq_len - 1), from the same forward pass. Without
-    `entropy_grad` the entropy is computed without autograd (no vocabulary-sized tensors kept)."""
-    logits = model(input_ids=input_ids, use_cache=False).logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = -(logp.exp() * logp).sum(-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), entropy
+    `entropy_grad` the entropy carries no gradient."""
+    lp, ent = _forward(model, input_ids, temperature, True, chunk)
+    return lp, (ent if entropy_grad else ent.detach())
+
+
+def _forward(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
+             with_entropy: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    head = model.get_output_embeddings()
+    project = head.__dict__.get("forward") or type(head).forward.__get__(head)
+    targets = input_ids[:, 1:]
+
+    def chunked(hidden: torch.Tensor) -> torch.Tensor:  # (B, L, H) -> (B, L-1, 2)
+        return torch.stack(head_logprobs_entropy(head, hidden[:, :-1], targets, temperature,
+                                                 with_entropy, chunk, project),
+                           dim=-1)
+
+    with _replaced_forward(head, chunked):
+        out = model(input_ids=input_ids, use_cache=False).logits
+    return out[..., 0], out[..., 1]
+
+
+@contextlib.contextmanager
+def _replaced_forward(module: torch.nn.Module, forward) -> Iterator[None]:
+    """`module(x)` calls `forward(x)` inside the block (an instance attribute over the class's
+    method; the original `forward` stays reachable as `type(module).forward`)."""
+    original = module.__dict__.get("forward")
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if original is None:
+            del module.forward
+        else:
+            module.forward = original

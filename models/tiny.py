@@ -68,7 +68,7 @@ def load_tokenizer(path: str | Path):
 
 
 TOOL_RESULT = "<result> {content} </result>"
-"""How the tiny chat format (actors/chat.py TinyChat) shows a tool's answer to the model."""
+"""How the tiny chat format (tasks/chat.py TinyChat) shows a tool's answer to the model."""
 
 
 def render_tool_result(tokenizer, content: str):

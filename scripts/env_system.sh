@@ -15,6 +15,6 @@ apt_install() {  # apt_install PACKAGE BINARY
     "tests that need it are skipped" >&2
 }
 
-# bubblewrap: the python tool's sandbox (actors/sandbox.py)
+# bubblewrap: the python tool's sandbox (actors/agents/sandbox.py)
 apt_install bubblewrap bwrap
 exit 0

@@ -28,51 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
 import multiprocessing
 import os
 import queue
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
+from configs.imports import load_function
 from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
-
-
-def load_function(spec: str, field_name: str) -> Callable:
-    """The function `module:name` or `path/to/file.py:name`; errors name the config field."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise ValueError(f"{field_name} {spec!r} must look like package.module:function or "
-                         f"path/to/file.py:function")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise ValueError(f"{field_name} {spec!r}: file {path} does not exist")
-        mod_name = f"tether_user_{path.stem}_{abs(hash(str(path.resolve())))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ModuleNotFoundError as e:
-            raise ValueError(f"{field_name} {spec!r}: no module named {e.name!r}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{field_name} {spec!r}: {target} has no function {name!r}")
-    return fn
 
 
 @dataclass(frozen=True)
@@ -120,6 +89,9 @@ def _worker_main(conn, spec: str, kwargs: dict, owner: int) -> None:
         except Exception as e:  # the user's reward failed: report it, keep serving
             conn.send(("error", f"{type(e).__name__}: {e}"[:300]))
 
+
+LOG_FIRST, LOG_EVERY = 3, 100
+"""A failing reward is logged on its first LOG_FIRST failures, then on every LOG_EVERY-th."""
 
 STARTUP_S = 120.0
 """How long a new worker may take to start and import the reward (not counted as a call)."""
@@ -171,8 +143,15 @@ class RewardPool:
         self.counts[status] += 1
         flags = {"reward_timeout": float(status == "timeout"), "reward_error": float(status == "error")}
         if status != "ok":
-            log.warning("reward %s %s (scored 0): %s", self.spec,
-                        "timed out" if status == "timeout" else "failed", value)
+            failures = self.counts["timeout"] + self.counts["error"]
+            if failures <= LOG_FIRST or failures % LOG_EVERY == 0:  # rate-limited
+                log.warning("reward %s %s (scored 0): %s [%d failed calls so far: %d errors, "
+                            "%d timeouts, of %d%s]", self.spec,
+                            "timed out" if status == "timeout" else "failed", value, failures,
+                            self.counts["error"], self.counts["timeout"],
+                            sum(self.counts.values()),
+                            f"; logging every {LOG_EVERY}th from now" if failures == LOG_FIRST
+                            else "")
             return RewardResult(0.0, flags)
         reward, scores = value
         return RewardResult(reward, {**scores, **flags})

@@ -215,7 +215,7 @@ def adapter_gap(backend, prompts, outs, temperature, versions=None) -> float:
 def check_tied_head_adapter(engine, model_dir, lora, name: str) -> None:
     """Adapters with `lm_head` among `lora`'s targets (the tiny model's head is tied), versions
     20 and 21: every token is labelled with its version and its logprob is the learner's."""
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
 
     backend = SingleProcessBackend(model_dir, 3e-2, 0.0, 0, lora=lora)
     assert "lm_head.lora_B.weight" in backend.adapter_state()
@@ -244,7 +244,7 @@ def real_model_gaps(make_engine, model_dir) -> dict[int, float]:
     through the engine `make_engine()` builds (blocking; run in a worker thread); per version the
     largest |engine - learner| behavior logprob over 6 additions prompts, 12 tokens at T = 0.7."""
     from configs.schema import TaskConfig
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models.tiny import load_tokenizer
     from tasks import make_task
     from transport.weights import pack

@@ -3,8 +3,10 @@
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py train  OUT MODEL_DIR
     torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py resume OUT MODEL_DIR [CKPT NAME]
 
-train:  (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
-        and the full gradients go to OUT/grads_{agg}.*; (2) STEPS steps on batches 0..STEPS-1,
+train:  (0) sharded loading: each rank's shards against the files (`check_load`);
+        (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
+        and the full gradients go to OUT/grads_{agg}.* (and to OUT/grads_micro.* for token_mean
+        with MICRO_OVERRIDES); (2) STEPS steps on batches 0..STEPS-1,
         a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export;
         (3) the same with a critic and a reference model (`train_algos`).
 lora:   STEPS steps with LoRA adapters (LORA_OVERRIDES, with the frozen-base KL reference):
@@ -30,7 +32,8 @@ from buffer.record import TrajGroup
 from configs.loader import load_config
 from configs.schema import FSDP2BackendConfig
 from learner import distributed
-from learner.trainer import Trainer
+from learner.backends.registry import make_backend
+from learner.algo.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "configs" / "toy_reverse.yaml"
@@ -48,6 +51,9 @@ LORA_OVERRIDES = ["learner.lora.rank=4", "learner.lora.alpha=8",
                   "lm_head", "learner.kl_coef=0.1"]
 """The N-step LoRA run (docs/lora.md): adapters only (the tied head's too), the reference is
 the adapter-free base."""
+MICRO_OVERRIDES = ["learner.max_tokens_per_microbatch=48", "learner.activation_checkpointing=true"]
+"""The one-step gradients again with micro-batches (each rank's 16 rows in several) and
+activation checkpointing: still the single-process one-batch gradients."""
 
 
 def config(model_dir: Path, *overrides: str):
@@ -89,10 +95,13 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 
 
 def make(cfg, ranks):
+    from models.devices import torch_dtype
+
     cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
-    backend = distributed.make_backend("fsdp2", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks, lora=L.lora)
+    backend = make_backend(L.backend, Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
+                           ranks.device, torch_dtype(cfg.model.dtype), lora=L.lora,
+                           activation_checkpointing=L.activation_checkpointing)
     return backend, Trainer(cfg, backend, pad_id=0,
                             models=distributed.make_models(cfg, ranks, backend))
 
@@ -102,16 +111,47 @@ def write(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / name))
 
 
+def check_load(out: Path, model_dir: Path, ranks) -> None:
+    """Sharded loading (learner/sharded_load.py): each rank's shards of the policy and of the
+    critic against the file's full tensors (bitwise), the tied head, the rotary buffers; the
+    result per rank goes to OUT/load_{rank}.json."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from learner.algo.critic import ValueModel
+    from learner.backends.sharded_load import _local_part
+
+    full = load_file(str(model_dir / "model.safetensors"))
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = make_backend(FSDP2BackendConfig(), model_dir, 1e-3, 0.0, 0, ranks.device).model
+    critic = make_backend(FSDP2BackendConfig(), model_dir, 1e-3, 0.0, 0, ranks.device,
+                          model=ValueModel(model_dir, meta=True)).model
+    report = {"policy": {}, "critic": {}}
+    for what, model in (("policy", policy), ("critic", critic)):
+        for name, p in model.named_parameters():
+            local, offset = _local_part(p)
+            rows = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+            want = (torch.zeros(p.shape) if name.startswith("value_head") else full[name].float())
+            report[what][name] = {"equal": bool(torch.equal(local, want[rows])),
+                                  "local": local.numel(), "full": want.numel(),
+                                  "rows": want.shape[0]}
+    report["tied"] = policy.lm_head.weight is policy.model.embed_tokens.weight
+    report["rotary"] = bool(torch.equal(policy.model.rotary_emb.inv_freq,
+                                        ref.model.rotary_emb.inv_freq))
+    (out / f"load_{ranks.rank}.json").write_text(json.dumps(report))
+
+
 def train(out: Path, model_dir: Path, ranks) -> None:
-    for agg in LOSS_AGGS:
-        cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
-                     f"learner.loss_agg={agg}")
+    check_load(out, model_dir, ranks)
+    for name, extra in [*((agg, [f"learner.loss_agg={agg}"]) for agg in LOSS_AGGS),
+                        ("micro", MICRO_OVERRIDES)]:
+        cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1", *extra)
         backend, trainer = make(cfg, ranks)
         metrics = trainer.step(synthetic_groups(cfg, 0), 0)
         grads = full_grads(backend)
-        write(out, f"grads_{agg}.safetensors", grads)
+        write(out, f"grads_{name}.safetensors", grads)
         if ranks.rank == 0:
-            (out / f"grads_{agg}.json").write_text(json.dumps(metrics))
+            (out / f"grads_{name}.json").write_text(json.dumps(metrics))
     def weights_after(backend, step: int) -> None:
         write(out, f"train_{step + 1}.safetensors", dict(backend.named_full_tensors()))
 
@@ -120,6 +160,20 @@ def train(out: Path, model_dir: Path, ranks) -> None:
     if ranks.rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(rows))
     train_algos(out, model_dir, ranks)
+    train_bf16(out, model_dir, ranks)
+
+
+BF16_OVERRIDES = ["model.dtype=bfloat16"]
+"""The N-step run in bf16: FSDP2's MixedPrecisionPolicy (bf16 params in compute, fp32 shards and
+gradient reduction) against the single process's bf16 autocast."""
+
+
+def train_bf16(out: Path, model_dir: Path, ranks) -> None:
+    """STEPS steps in bfloat16: the weights at the end and the metric rows."""
+    backend, _, rows = _steps(config(model_dir, *BF16_OVERRIDES), ranks, out / "bf16_ckpt")
+    write(out, "bf16_final.safetensors", dict(backend.named_full_tensors()))
+    if ranks.rank == 0:
+        (out / "bf16_metrics.json").write_text(json.dumps(rows))
 
 
 def _steps(cfg, ranks, ckpt: Path, each=None, with_models: bool = False):
@@ -171,7 +225,7 @@ def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") ->
 def main() -> None:
     mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
-    ranks = distributed.start("fsdp2")
+    ranks = distributed.start(FSDP2BackendConfig())
     {"train": train, "resume": resume, "lora": lora}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 

@@ -17,17 +17,19 @@ import torch
 import torch.distributed as dist
 
 import fsdp_worker
+from configs.schema import FSDP2BackendConfig
 from learner import distributed
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.registry import make_backend
+from learner.backends.single import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 
 def main() -> None:
     out, model_dir, device = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-    ranks = distributed.start("fsdp2", device)
+    ranks = distributed.start(FSDP2BackendConfig(), device)
     cfg = fsdp_worker.config(model_dir)
     L = cfg.learner
-    fsdp = distributed.make_backend("fsdp2", model_dir, L.lr, L.weight_decay, L.seed, ranks)
+    fsdp = make_backend(FSDP2BackendConfig(), model_dir, L.lr, L.weight_decay, L.seed, ranks.device)
     single = SingleProcessBackend(model_dir, L.lr, L.weight_decay, L.seed, ranks.device)
     start = {k: v.detach().clone() for k, v in single.named_full_tensors()}
     trainers = [Trainer(cfg, fsdp, pad_id=0), Trainer(cfg, single, pad_id=0)]

@@ -25,15 +25,17 @@ from pathlib import Path
 import torch
 
 from fsdp_worker import CKPT_AT, LOSS_AGGS, STEPS, config, synthetic_groups, write
+from configs.schema import MegatronBackendConfig
 from learner import distributed
-from learner.trainer import Trainer
+from learner.backends.registry import make_backend
+from learner.algo.trainer import Trainer
 from models.devices import torch_dtype
 
 
 def make(cfg, ranks, tp: int, pp: int):
     L = cfg.learner
-    backend = distributed.make_backend("megatron", Path(cfg.model.path), L.lr, L.weight_decay,
-                                       L.seed, ranks, torch_dtype(cfg.model.dtype), tp=tp, pp=pp)
+    backend = make_backend(MegatronBackendConfig(tp=tp, pp=pp), Path(cfg.model.path), L.lr,
+                           L.weight_decay, L.seed, ranks.device, torch_dtype(cfg.model.dtype))
     return backend, Trainer(cfg, backend, pad_id=0)
 
 
@@ -80,7 +82,7 @@ def resume(out: Path, model_dir: Path, ranks, tp: int, pp: int, overrides: list[
 def main() -> None:
     mode, out, model_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     torch.set_num_threads(1)
-    ranks = distributed.start("megatron")
+    ranks = distributed.start(MegatronBackendConfig())
     overrides = [a for a in sys.argv[4:] if "=" in a]
     for layout in (a for a in sys.argv[4:] if "=" not in a):
         tp, pp = (int(x) for x in layout.split("x"))

@@ -9,8 +9,8 @@ import numpy as np
 import procs
 from actors.actor import Actor
 from actors.rollout import Rollout, RolloutTask
-from actors.client import EngineClient
-from actors.sim_engine import SimulatedEngine
+from actors.engines.client import EngineClient
+from actors.engines.simulated import SimulatedEngine
 from configs.loader import load_config
 
 

@@ -15,20 +15,20 @@ import procs
 from configs.loader import load_config
 from actors.actor import _sample
 from actors.rollout import RolloutTask
-from actors.chat import TinyChat
-from actors.engine import Completion
-from actors.openai_example import calculator_agent
-from actors.openai_server import OpenAIAgent, OpenAIEndpoint
-from actors.tool_agent import ToolAgent
-from actors.tools import CallError, Calculator, PythonTool, ToolCall, ToolRegistry, parse_call
+from tasks.chat import TinyChat
+from actors.engines.base import Completion
+from actors.agents.openai.example import calculator_agent
+from actors.agents.openai.server import OpenAIAgent, OpenAIEndpoint
+from actors.agents.tool_agent import ToolAgent
+from actors.agents.tools import CallError, Calculator, PythonTool, ToolCall, ToolRegistry, parse_call
 from actors.rollout import Finish
-from actors.trajectory import TrajectoryBuilder
+from actors.agents.trajectory import TrajectoryBuilder
 from buffer.record import TrajGroup
 from configs.schema import LearnerConfig
-from learner.batch import collate
+from learner.algo.batch import collate
 from learner.leases import LeaseRecord
-from learner.loss import policy_loss
-from learner.trainer import _staleness_metrics
+from learner.algo.loss import policy_loss
+from learner.algo.trainer import _staleness_metrics
 from learner.validate import InvalidTrajectory, to_group
 from models.tiny import build_tokenizer, vocab_for
 from tasks.base import Prompt
@@ -168,7 +168,7 @@ def test_tool_that_times_out_answers_with_an_error():
 
 def test_rollouts_report_how_they_ended():
     from actors.rollout import Finish as AgentFinish
-    from actors.single_turn import SingleTurnAgent
+    from actors.agents.single_turn import SingleTurnAgent
 
     assert Finish is AgentFinish and tuple(f.value for f in Finish) == m.FINISH_REASONS
     run = lambda agent, llm: asyncio.run(agent.run(rollout_task(), llm))  # noqa: E731
@@ -201,7 +201,7 @@ def test_learner_validates_the_end_reason(finish, ok):
 
 def test_step_metrics_report_the_ends_of_the_rollouts_received_since_the_last_step(tmp_path):
     from configs.schema import TetherConfig
-    from learner.metrics import MetricsLog
+    from learner.obs.metrics import MetricsLog
 
     cfg = TetherConfig()
     cfg.learner.tensorboard = False
@@ -412,8 +412,8 @@ def test_calculator_tool_task_learns_end_to_end(tmp_path, calculator_model_dir):
 def test_behavior_logprobs_of_multi_turn_rollouts_match_the_learner(tmp_path):
     """A real HF engine through the tool agent: the learner's logprobs of the collated
     multi-turn rows equal the engine's behavior logprobs on every model token."""
-    from actors.client import EngineClient
-    from actors.hf_engine import HFEngine
+    from actors.engines.client import EngineClient
+    from actors.engines.hf import HFEngine
     from models.logprobs import token_logprobs
     from models.tiny import build_model, save
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from configs.schema import LearnerConfig
-from learner import advantages as A
-from learner.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
+from learner.algo import advantages as A
+from learner.algo.loss import LossNorm, group_advantages, kl_estimate, policy_loss, value_loss
 
 TOL = 1e-6
 

@@ -1,4 +1,4 @@
-"""Real chat templates (actors/chat.py TemplateChat) with a locally built ChatML tokenizer: only
+"""Real chat templates (tasks/chat.py TemplateChat) with a locally built ChatML tokenizer: only
 new messages are rendered, model turns keep their sampled ids, the template's end-of-turn
 closing is added with mask 0, and templates that are not prefix-stable are refused."""
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from actors.rollout import RolloutTask
-from actors.chat import SENTINEL, TemplateChat, TinyChat, make_chat_format
-from actors.engine import Completion
-from actors.openai_example import calculator_agent
-from actors.openai_server import OpenAIAgent, OpenAIEndpoint
-from actors.tool_agent import ToolAgent
-from actors.tools import Calculator, ToolRegistry
+from tasks.chat import SENTINEL, TemplateChat, TinyChat, make_chat_format
+from actors.engines.base import Completion
+from actors.agents.openai.example import calculator_agent
+from actors.agents.openai.server import OpenAIAgent, OpenAIEndpoint
+from actors.agents.tool_agent import ToolAgent
+from actors.agents.tools import Calculator, ToolRegistry
 from models.tiny import build_tokenizer
 
 CHATML = (

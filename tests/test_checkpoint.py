@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from learner import checkpoint
-from learner.backend import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.main import _checkpoint_dirs, _prune_checkpoints
 
 

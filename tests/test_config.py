@@ -38,7 +38,7 @@ def test_every_shipped_preset_is_valid(preset):
     (["actors.engine=vllm", "actors.engine.update_mode=later"],
      "actors.engine.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
-    (["actors.engine=vllm", "actors.engine.kv_cache_gb=0"], "actors.engine.kv_cache_gb must be > 0"),
+    (["actors.engine=vllm", "actors.engine.kv_cache_gb=-0.5"], "actors.engine.kv_cache_gb must be >= 0"),
     (["actors.engine.kv_cache_gb=1"], "unknown config key 'actors.engine.kv_cache_gb' for actors.engine kind hf"),
     (["learner.backend.tp=2"], "unknown config key 'learner.backend.tp' for learner.backend kind single"),
     (["task.name=gsm8k"], "task.data_path must be set (a JSONL file) when task.name is gsm8k"),
@@ -102,10 +102,10 @@ def test_bad_agent_fields_are_rejected_naming_the_field(override, expected):
 
 def test_good_agent_fields_load():
     cfg = load_config(PRESET, ["actors.agent=openai", "task.max_new_tokens=12",
-                               "actors.agent.function=actors.openai_example:calculator_agent",
+                               "actors.agent.function=actors.agents.openai.example:calculator_agent",
                                "actors.agent.max_total_tokens=12"])
     assert cfg.actors.agent.kind == "openai" and cfg.actors.agent.max_total_tokens == 12
-    assert cfg.actors.agent.function == "actors.openai_example:calculator_agent"
+    assert cfg.actors.agent.function == "actors.agents.openai.example:calculator_agent"
     cfg = load_config(PRESET, ["actors.agent=tools", "actors.agent.tools=calc,python"])
     assert cfg.actors.agent.kind == "tools" and cfg.actors.agent.tools == "calc,python"
     with pytest.raises(ConfigError, match="unknown config key 'actors.agent.function' for "
@@ -132,8 +132,8 @@ def test_a_kind_name_alone_is_that_kind_with_its_defaults():
     with pytest.raises(ConfigError) as e:  # only the kind changed: vllm's field stays and is wrong
         load_config(vllm, ["actors.engine.kind=sglang"])
     assert str(e.value) == ("unknown config key 'actors.engine.kv_cache_gb' for actors.engine "
-                            "kind sglang (known in this section: max_total_tokens, "
-                            "mem_fraction_static, update_mode)")
+                            "kind sglang (known in this section: base_gpu_id, max_total_tokens, "
+                            "mem_fraction_static, tp_size, update_mode)")
 
 
 def test_a_preset_naming_another_kind_replaces_its_base_section(tmp_path):
@@ -206,14 +206,14 @@ def test_resolved_config_round_trips(tmp_path):
     (["run_dir=3"], "run_dir must be str, got 3"),
     (["actors.engine=3"], "actors.engine must be one of hf, vllm, sglang, simulated, got 3"),
     (["actors.engine=vllm", "actors.engine.kv_cache_gb=-1"],
-     "actors.engine.kv_cache_gb must be > 0, got -1.0"),
+     "actors.engine.kv_cache_gb must be >= 0, got -1.0"),
     (["actors.engine.kv_cache_gb=2"], "unknown config key 'actors.engine.kv_cache_gb' for "
                                       "actors.engine kind hf (known in this section: device, logprobs)"),
     (["actors.engine=vllm", "actors.engine.enforce_eager=3"],
-     "actors.engine.enforce_eager must be bool, got 3"),
+     "actors.engine.enforce_eager must be bool or null, got 3"),
     (["task.name=chess"], "task.name must be one of reverse, calculator, gsm8k, data, additions, environment, verifiers or an import path module:make_task, got 'chess'"),
     (["nosuch=1"], "unknown config key 'nosuch' (known in this section: actors, buffer, learner, "
-                   "max_staleness, model, run_dir, scoring, task, transport)"),
+                   "max_staleness, model, placement, run_dir, scoring, task, transport)"),
 ])
 def test_field_constraints_name_the_field_and_the_rule(override, expected):
     with pytest.raises(ConfigError) as e:
@@ -227,3 +227,35 @@ def test_floats_in_exponent_notation_and_spaced_tool_lists_load():
                                "learner.is_cap=3"])
     assert cfg.actors.engine.kv_cache_gb == 1e-3 and cfg.actors.agent.tools == "calc, python"
     assert cfg.learner.is_cap == 3.0 and isinstance(cfg.learner.is_cap, float)
+
+
+@pytest.mark.parametrize("task", ["reverse", "calculator"])
+def test_a_reward_for_a_task_that_scores_by_itself_is_an_error_naming_both(task):
+    """task.reward was silently ignored by the tasks that score with their own reward."""
+    with pytest.raises(ConfigError) as e:
+        load_config(PRESET, [f"task.name={task}", "task.reward=nosuch:fn"])
+    assert str(e.value) == (f"task.reward must be empty with task.name={task} (that task scores "
+                            "with its own reward; task.reward is used by task.name data, "
+                            "additions or a task given by import path), got 'nosuch:fn'")
+
+
+def test_a_reward_for_a_task_that_uses_one_loads():
+    assert load_config(PRESET, ["task.name=additions", "task.reward=m:f"]).task.reward == "m:f"
+    assert load_config(PRESET, ["task.name=my_tasks:make_task", "task.reward=m:f"]).task.reward
+
+
+def test_a_missing_model_path_is_one_line_unless_the_toy_model_was_asked_for(tmp_path):
+    """A typo in model.path used to build and train a fresh toy model without a word."""
+    r = subprocess.run([sys.executable, "-m", "learner", f"model.path={tmp_path / 'nosuch'}",
+                        f"run_dir={tmp_path / 'run'}", "learner.max_steps=1", "actors.num_local=1",
+                        "learner.prompts_per_step=2", "buffer.capacity_groups=2",
+                        "task.eval_prompts=2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip() == (f"tether-learner: model.path {tmp_path / 'nosuch'} holds no model "
+                                "(no config.json); set model.build_tiny=true to build the toy "
+                                "model there"), r.stderr[-3000:]
+    assert not (tmp_path / "nosuch").exists()
+    # the toy presets ask for it explicitly, as run.sh's default does
+    for preset in ("toy_reverse.yaml", "toy_calculator.yaml"):
+        assert load_config(ROOT / "configs" / preset).model.build_tiny

@@ -32,14 +32,20 @@ def test_bad_device_or_dtype_is_a_config_error_naming_the_field(key, value):
 
 
 def test_defaults_keep_the_cpu_float32_path():
+    """model.dtype defaults to auto: float32 on the CPU (the path unchanged), bfloat16 on CUDA;
+    a stated dtype is kept on either."""
     cfg = load_config(procs.PRESET, [])
-    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.engine.device) == ("float32", "auto", "auto")
-    assert isinstance(devices.compute(torch.device("cpu"), torch.float32),
+    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.engine.device) == ("auto", "auto", "auto")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert devices.torch_dtype(cfg.model.dtype, cpu) == torch.float32
+    assert devices.resolve_dtype("auto", gpu) == "bfloat16"
+    assert devices.resolve_dtype("float32", gpu) == "float32"
+    assert isinstance(devices.compute(cpu, devices.torch_dtype(cfg.model.dtype)),
                       contextlib.nullcontext)
 
 
 def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from models.logprobs import token_logprobs
 
     b = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0)
@@ -51,9 +57,9 @@ def test_float32_learner_logprobs_are_the_plain_forward(tiny_model_dir):
 def test_bfloat16_engine_and_learner_on_cpu_agree_to_bf16_precision(tiny_model_dir):
     """HF engine weights in bf16 vs the learner's fp32 weights under bf16 autocast: the same
     policy within bf16 rounding, and measurably not float32."""
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
-    from learner.backend import SingleProcessBackend
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
+    from learner.backends.single import SingleProcessBackend
 
     learner = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0, torch.device("cpu"),
                                    torch.bfloat16)

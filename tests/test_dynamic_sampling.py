@@ -9,7 +9,7 @@ import pytest
 
 import procs
 from helpers import make_group
-from learner.advantages import is_uniform
+from learner.algo.advantages import is_uniform
 
 
 def test_uniform_groups_dropped_refilled_and_accounted(tmp_path, tiny_model_dir):
@@ -40,9 +40,9 @@ def test_resume_without_critic_names_the_setting(tmp_path, tiny_model_dir):
     import torch
 
     from configs.loader import load_config
-    from learner.backend import SingleProcessBackend
+    from learner.backends.single import SingleProcessBackend
     from learner.distributed import Ranks, make_models
-    from learner.trainer import Trainer
+    from learner.algo.trainer import Trainer
 
     cfg = load_config(procs.PRESET, [f"model.path={tiny_model_dir}", "learner.advantage=gae"])
     L = cfg.learner
@@ -64,8 +64,8 @@ def test_resume_without_critic_names_the_setting(tmp_path, tiny_model_dir):
 
 def test_trainer_without_the_models_it_needs_says_so(tiny_model_dir):
     from configs.loader import load_config
-    from learner.backend import SingleProcessBackend
-    from learner.trainer import Trainer
+    from learner.backends.single import SingleProcessBackend
+    from learner.algo.trainer import Trainer
 
     cfg = load_config(procs.PRESET, [f"model.path={tiny_model_dir}", "learner.kl_coef=0.1"])
     backend = SingleProcessBackend(cfg.model.path, 1e-3, 0.0, 0)

@@ -1,4 +1,4 @@
-"""actors/client.py: a request abandoned while its batch runs does not break the batch."""
+"""actors/engines/client.py: a request abandoned while its batch runs does not break the batch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 
 import numpy as np
 
-from actors.client import EngineClient
-from actors.engine import Completion
+from actors.engines.client import EngineClient
+from actors.engines.base import Completion
 
 
 class GatedEngine:

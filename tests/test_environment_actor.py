@@ -1,4 +1,4 @@
-"""An environment (actors/environment.py: an OpenAI-client rollout and a rubric, the shape of a
+"""An environment (actors/agents/environment.py: an OpenAI-client rollout and a rubric, the shape of a
 verifiers environment) runs as the agent of a real actor process, and its rubric's reward is
 what the learner trains on."""
 
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import procs
-from actors.environment import load_environment
-from actors.environment_example import CalculatorEnv
+from actors.agents.environment import load_environment
+from actors.agents.environment_example import CalculatorEnv
 from transport.messages import FINISH_REASONS
 
 PROBE = '''
-from actors.environment_example import CalculatorEnv
+from actors.agents.environment_example import CalculatorEnv
 
 
 class ProbeEnv(CalculatorEnv):
@@ -48,7 +48,7 @@ def test_an_environments_rubric_reward_reaches_the_learner(tmp_path, monkeypatch
 
 
 def test_the_example_environments_rubric_scores_the_final_answer():
-    env = load_environment("actors.environment_example:CalculatorEnv")
+    env = load_environment("actors.agents.environment_example:CalculatorEnv")
     assert isinstance(env, CalculatorEnv)
     done = [{"role": "assistant", "content": None, "tool_calls": []},
             {"role": "tool", "content": "9 2 8"}, {"role": "assistant", "content": "9 2 7"}]
@@ -58,8 +58,8 @@ def test_the_example_environments_rubric_scores_the_final_answer():
 
 
 def test_the_environment_agent_records_the_endpoints_trajectory_and_scores_with_its_rubric():
-    from actors.environment import EnvironmentAgent
-    from actors.openai_server import OpenAIAgent, OpenAIEndpoint
+    from actors.agents.environment import EnvironmentAgent
+    from actors.agents.openai.server import OpenAIAgent, OpenAIEndpoint
     from test_agents import ANSWER, CALL, CHAT, ScriptedLLM, rollout_task, tool_agent
 
     endpoint = OpenAIEndpoint(CHAT, 0, max_turns=3, max_total_tokens=40)
@@ -83,7 +83,7 @@ def test_the_environment_agent_records_the_endpoints_trajectory_and_scores_with_
 DATA_ENV = '''
 import json
 
-from actors.environment_example import CalculatorEnv
+from actors.agents.environment_example import CalculatorEnv
 
 
 def rows(score, n):
@@ -127,8 +127,8 @@ def test_an_environments_own_dataset_is_the_task(tmp_path, monkeypatch):
 
 
 def test_the_environment_task_renders_the_rows_as_the_endpoint_does(tmp_path, monkeypatch):
-    from actors.chat import make_chat_format
-    from actors.environment import make_task
+    from tasks.chat import make_chat_format
+    from actors.agents.environment import make_task
     from configs.schema import TaskConfig
     from models.tiny import build_tokenizer, vocab_for
     from tasks.calculator import CalculatorTask
@@ -136,7 +136,7 @@ def test_the_environment_task_renders_the_rows_as_the_endpoint_does(tmp_path, mo
 
     tok = build_tokenizer(vocab_for("calculator"))
     task = make_task(TaskConfig(name="environment",
-                                environment="actors.environment_example:CalculatorEnv"), tok)
+                                environment="actors.agents.environment_example:CalculatorEnv"), tok)
     p = task.train_prompt(0)
     a, b = (int(x.replace(" ", "")) for x in tok.decode(p.token_ids[1:-1]).split(" + "))
     assert p.meta["target"] == str(a + b)

@@ -22,9 +22,10 @@ from safetensors.torch import load_file
 import fsdp_worker
 import procs
 from buffer import record
+from configs.schema import FSDP2BackendConfig, SingleBackendConfig
 from learner import distributed
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.single import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 TOL = 1e-5
 
@@ -58,6 +59,24 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+def test_each_rank_loads_only_its_shards_and_they_equal_the_files(fsdp_run):
+    """FSDP2 builds the policy and the critic on the meta device and each rank reads its rows
+    of every tensor from the safetensors file (learner/sharded_load.py): bitwise the file's
+    values, half of every tensor per rank (the value head's one row on one rank), the tied
+    head still the embedding."""
+    reports = [json.loads((fsdp_run / f"load_{r}.json").read_text()) for r in range(2)]
+    for what in ("policy", "critic"):
+        names = reports[0][what].keys()
+        assert names == reports[1][what].keys() and len(names) > 10
+        assert any(n.startswith("value_head") for n in names) == (what == "critic")
+        for n in names:
+            parts = [rep[what][n] for rep in reports]
+            assert all(p["equal"] for p in parts), (what, n, parts)
+            assert sum(p["local"] for p in parts) == parts[0]["full"], (what, n)
+            assert max(p["local"] for p in parts) < parts[0]["full"] or parts[0]["rows"] == 1
+    assert all(rep["tied"] and rep["rotary"] for rep in reports)
+
+
 @pytest.mark.parametrize("agg", fsdp_worker.LOSS_AGGS)
 def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
     cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1",
@@ -71,6 +90,20 @@ def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
     grads = {n: p.grad for n, p in backend.model.named_parameters()}
     assert min(g.abs().max().item() for g in grads.values()) > 0  # every tensor gets a gradient
     assert _max_diff(load_file(str(fsdp_run / f"grads_{agg}.safetensors")), grads) <= TOL
+
+
+def test_microbatched_checkpointed_step_equals_single_process_one_batch(fsdp_run, tiny_model_dir):
+    """Each rank's share in micro-batches (learner.max_tokens_per_microbatch) with activation
+    checkpointing: the loss metrics and gradients of the single-process one-batch step."""
+    cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1")
+    backend, trainer = _single(cfg)
+    ref = trainer.step(fsdp_worker.synthetic_groups(cfg, 0), 0)
+    got = json.loads((fsdp_run / "grads_micro.json").read_text())
+    assert got.keys() == ref.keys()
+    for k in ref:
+        assert got[k] == pytest.approx(ref[k], rel=TOL, abs=TOL), k
+    grads = {n: p.grad for n, p in backend.model.named_parameters()}
+    assert _max_diff(load_file(str(fsdp_run / "grads_micro.safetensors")), grads) <= TOL
 
 
 def test_weights_after_n_steps_equal_single_process(fsdp_run, tiny_model_dir):
@@ -198,10 +231,10 @@ def test_fsdp2_outside_torchrun_says_how_to_start(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
-        distributed.start("fsdp2")
+        distributed.start(FSDP2BackendConfig())
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="use learner.backend=fsdp2"):
-        distributed.start("single")
+        distributed.start(SingleBackendConfig())
 
 
 def _learner_cmd(run, model_dir, *overrides: str) -> list[str]:
@@ -258,7 +291,7 @@ def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
     single-process LoRA run's, the base never moves, and the export merges the same way."""
     from transformers import AutoModelForCausalLM
 
-    from learner.backend import ADAPTER_DIR
+    from learner.backends.base import ADAPTER_DIR
     from models.lora import hf_name, merge
 
     _torchrun("tests/fsdp_worker.py", "lora", str(tmp_path), str(tiny_model_dir))
@@ -289,3 +322,52 @@ def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
     for s in range(fsdp_worker.CKPT_AT, fsdp_worker.STEPS):
         trainer.step(fsdp_worker.synthetic_groups(cfg, s), s)
     assert _max_diff(resumed.adapter_state(), backend.adapter_state()) <= TOL
+
+
+BF16_REL = 3e-2
+"""bf16 FSDP2 vs single-process bf16: both compute in bf16 (8 mantissa bits, a relative
+rounding of 2**-9 per operation), but not the same operations: FSDP2's MixedPrecisionPolicy casts
+the parameters, so norms, residual adds and the embedding run in bf16 too, where autocast runs
+only the matmuls in bf16 and keeps the rest in fp32. Differences of a few 2**-8 compound over
+the layers; 3e-2 relative on the loss and gradient norm is ~8 bf16 epsilons (2.6e-2 measured
+here over the 6 steps)."""
+
+
+BF16_UPDATE_GAP = 0.15
+"""|w_fsdp2 - w_single| / |w_single - w_0| (L2 over all weights) after the N bf16 steps. AdamW
+moves every weight by about lr per step whatever its gradient's size, so a weight whose small
+gradient changes sign under bf16 rounding moves the other way: the max-abs difference is as large
+as the update itself and says nothing. Over the whole update the two runs differ by 0.053 of it
+here (and the fp32 FSDP2 run from the single bf16 one by 0.034): 0.15 allows machines whose
+kernels round differently, and fails a run whose bf16 path trains something else."""
+
+
+def _rel_update_gap(a: dict, b: dict, start: dict) -> float:
+    num = sum(((a[k] - b[k]).double() ** 2).sum() for k in b)
+    den = sum(((b[k] - start[k]).double() ** 2).sum() for k in b)
+    return float((num / den).sqrt())
+
+
+def test_bf16_fsdp2_equals_single_process_bf16(fsdp_run, tiny_model_dir):
+    """model.dtype=bfloat16, N steps on 2 gloo ranks vs one process: the same training within
+    bf16 rounding (BF16_REL on each step's loss and gradient norm, BF16_UPDATE_GAP on the
+    whole update)."""
+    cfg = fsdp_worker.config(tiny_model_dir, *fsdp_worker.BF16_OVERRIDES)
+    L = cfg.learner
+    backend = SingleProcessBackend(cfg.model.path, L.lr, L.weight_decay, L.seed,
+                                   dtype=torch.bfloat16)
+    trainer = Trainer(cfg, backend, pad_id=0)
+    initial = {k: v.clone() for k, v in backend.state_dict().items()}
+    rows = [trainer.step(fsdp_worker.synthetic_groups(cfg, s), s) for s in range(fsdp_worker.STEPS)]
+    fsdp_rows = json.loads((fsdp_run / "bf16_metrics.json").read_text())
+    got = load_file(str(fsdp_run / "bf16_final.safetensors"))
+    fp32 = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
+    single = backend.state_dict()
+    worst = max(abs(f[k] - r[k]) / abs(r[k]) for r, f in zip(rows, fsdp_rows, strict=True)
+                for k in ("loss", "grad_norm"))
+    gap, fp32_gap = _rel_update_gap(got, single, initial), _rel_update_gap(fp32, single, initial)
+    print(f"bf16 FSDP2 vs single bf16: worst relative loss/grad-norm gap {worst:.2e}; update "
+          f"gap {gap:.3f} of the update (fp32 FSDP2 vs single bf16: {fp32_gap:.3f}); weights "
+          f"max diff {_max_diff(got, single):.2e}, moved {_max_diff(single, initial):.2e}")
+    assert worst <= BF16_REL
+    assert gap <= BF16_UPDATE_GAP

@@ -18,13 +18,13 @@ import openai
 import pytest
 
 from actors.actor import _sample
-from actors.chat import TemplateChat
-from actors.engine import Completion
-from actors.openai_server import OpenAIAgent, OpenAIEndpoint
-from actors.tool_agent import ToolAgent
-from actors.tool_parsers import FunctionCall, HermesParser, ParsedTurn, ParseFailure, TetherParser
+from tasks.chat import TemplateChat
+from actors.engines.base import Completion
+from actors.agents.openai.server import OpenAIAgent, OpenAIEndpoint
+from actors.agents.tool_agent import ToolAgent
+from actors.agents.tool_parsers import FunctionCall, HermesParser, ParsedTurn, ParseFailure, TetherParser
 from actors.rollout import RolloutTask
-from actors.tools import Calculator, ToolRegistry
+from actors.agents.tools import Calculator, ToolRegistry
 from buffer.record import TrajGroup
 from learner.leases import LeaseRecord
 from learner.validate import to_group

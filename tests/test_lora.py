@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from configs.schema import LoraConfig
-from learner.backend import ADAPTER_DIR, SingleProcessBackend
+from learner.backends.base import ADAPTER_DIR
+from learner.backends.single import SingleProcessBackend
 from models import lora as lora_lib
 from transport.weights import pack
 
@@ -51,8 +52,8 @@ def test_only_adapters_train_and_own_the_optimizer_state(tiny_model_dir):
 def test_hf_engine_with_adapter_matches_the_learner(tiny_model_dir):
     """Behavior logprobs of the HF engine (base once + adapter merged) vs the learner's peft
     forward, at v0 (B = 0) and after updates."""
-    from actors.engine import GenerateRequest
-    from actors.hf_engine import HFEngine
+    from actors.engines.base import GenerateRequest
+    from actors.engines.hf import HFEngine
     from engine_refs import prompts
 
     backend = _backend(tiny_model_dir)
@@ -138,7 +139,7 @@ def test_adapter_on_a_tied_head_never_changes_the_embedding(tiny_model_dir, tmp_
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from actors.hf_engine import HFEngine
+    from actors.engines.hf import HFEngine
     from models.logprobs import token_logprobs
     from models.tied import EMBED, HEAD
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from configs.schema import LearnerConfig
-from learner import advantages as A
-from learner.loss import LossNorm, group_advantages, gspo_ratio, policy_loss
+from learner.algo import advantages as A
+from learner.algo.loss import LossNorm, group_advantages, gspo_ratio, policy_loss
 
 
 def test_advantages_by_hand():

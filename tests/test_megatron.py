@@ -4,7 +4,7 @@ TP = 2 and PP = 2 (2 ranks each): a step equals the single-process step on the s
 metrics and gradients, every loss aggregation); the weights published after N steps equal the
 single-process learner's and load into transformers and vLLM; a checkpoint resumed by fresh
 processes continues like the uninterrupted run; the whole learner with TP = 2 and two actors
-learns the toy task. The CPU redirects (learner/megatron_cpu.py) are each shown to be needed.
+learns the toy task. The CPU redirects (learner/backends/megatron/cpu.py) are each shown to be needed.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 
 import fsdp_worker
 import procs
-from learner.backend import SingleProcessBackend
-from learner.trainer import Trainer
+from learner.backends.single import SingleProcessBackend
+from learner.algo.trainer import Trainer
 
 TOL = 1e-5
 LAYOUTS = ["2x1", "1x2"]
@@ -311,7 +311,7 @@ def test_grouped_query_attention_round_trips_through_two_tp_ranks():
     tensor unchanged; each rank's linear_qkv holds [q heads of its group; k; v] of one group."""
     from transformers import AutoModelForCausalLM
 
-    from learner import megatron_convert as convert
+    from learner.backends.megatron import convert
 
     hf = _gqa_config()
     torch.manual_seed(0)
@@ -335,7 +335,7 @@ def test_grouped_query_attention_round_trips_through_two_tp_ranks():
 def test_unsupported_models_and_splits_are_refused():
     from transformers import Qwen2Config
 
-    from learner import megatron_convert as convert
+    from learner.backends.megatron import convert
 
     hf = _gqa_config()
     with pytest.raises(ValueError, match="learner.backend.tp=3 must divide the model's num_attention_heads"):
@@ -392,7 +392,7 @@ def test_redirect_current_device_for_rotary_embeddings_and_p2p():
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-    from learner.megatron_cpu import cpu_redirects
+    from learner.backends.megatron.cpu import cpu_redirects
 
     rope = RotaryEmbedding(kv_channels=8, rotary_percent=1.0, use_cpu_initialization=True)
     with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
@@ -412,7 +412,7 @@ def test_redirect_cuda_factories_for_schedules_and_tied_embeddings():
     from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.pipeline_parallel import schedules
 
-    from learner.megatron_cpu import CudaFactoriesOnCpu
+    from learner.backends.megatron.cpu import CudaFactoriesOnCpu
 
     for schedule in (schedules.forward_backward_no_pipelining,
                      schedules.forward_backward_pipelining_without_interleaving):
@@ -434,7 +434,7 @@ def test_redirect_rng_tracker():
     from megatron.core import tensor_parallel
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
-    from learner.megatron_cpu import init_rng_tracker
+    from learner.backends.megatron.cpu import init_rng_tracker
 
     with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
         CudaRNGStatesTracker().add("model-parallel-rng", 1)
@@ -454,8 +454,8 @@ def test_explicit_causal_mask_and_no_p2p_sync_are_needed():
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.transformer.utils import get_default_causal_mask
 
-    from learner.megatron import _inputs
-    from learner.megatron_cpu import CudaFactoriesOnCpu
+    from learner.backends.megatron.backend import _inputs
+    from learner.backends.megatron.cpu import CudaFactoriesOnCpu
 
     with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
         get_default_causal_mask(5)
@@ -510,7 +510,7 @@ def test_hf_export_loads_into_vllm(megatron_runs):
     from transformers import AutoModelForCausalLM
 
     import engine_refs as refs
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     out = megatron_runs / "2x1"
     model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32).eval()

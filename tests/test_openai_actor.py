@@ -18,7 +18,7 @@ def test_openai_client_agent_in_an_actor_process_trains_multi_turn(tmp_path, cal
                        f"learner.prompts_per_step={prompts}", f"learner.group_size={samples}",
                        "learner.log_every=1", "task.eval_prompts=8", "actors.num_local=1",
                        "actors.agent.kind=openai",  # with the preset's turn and token budgets
-                       "actors.agent.function=actors.openai_example:calculator_agent", preset=preset)
+                       "actors.agent.function=actors.agents.openai.example:calculator_agent", preset=preset)
     s = procs.finish_clean(lp, run, steps, timeout=600)
     # every rollout reported how it ended; the warm-started model calls the calculator, so
     # rollouts are multi-turn (tool tokens between model turns) and mostly end in an answer

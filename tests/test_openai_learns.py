@@ -1,5 +1,5 @@
 """End to end: a function-calling agent written with only the `openai` client
-(actors/openai_tools_example.py) learns the calculator tool task through real actor processes'
+(actors/agents/openai/tools_example.py) learns the calculator tool task through real actor processes'
 endpoints, a real learner and ZeroMQ."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_openai_function_calling_agent_learns_the_calculator_task(tmp_path, calc
     preset = procs.ROOT / "configs" / "toy_calculator.yaml"
     # kind=openai keeps the preset's max_turns and max_total_tokens (actors.agent=openai would not)
     lp = procs.learner(run, calculator_model_dir, "actors.agent.kind=openai",
-                       "actors.agent.function=actors.openai_tools_example:calculator_agent",
+                       "actors.agent.function=actors.agents.openai.tools_example:calculator_agent",
                        preset=preset)
     s = procs.finish_clean(lp, run, load_config(preset).learner.max_steps, timeout=1700)
     print("openai function-calling agent: calculator eval reward", s["eval_reward_start"], "->",

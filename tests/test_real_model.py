@@ -13,7 +13,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_vllm_logprobs_match_learner_before_and_after_one_update(smollm2_dir):
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     worst = refs.real_model_gaps(lambda: VLLMEngine(smollm2_dir, "keep", 0, 0.5, True, 16),
                                  smollm2_dir)

@@ -1,4 +1,4 @@
-"""The python tool's sandbox (actors/sandbox.py): model-written code tries to escape.
+"""The python tool's sandbox (actors/agents/sandbox.py): model-written code tries to escape.
 
 Each attempt runs under both modes: under bubblewrap it must fail; under `rlimits` (today's
 limits-only tool, `actors.agent.python_sandbox=rlimits`) the same code must succeed, which shows the
@@ -17,8 +17,8 @@ import psutil
 import pytest
 import zmq
 
-from actors.sandbox import find_bwrap
-from actors.tools import PythonTool, ToolCall, ToolRegistry, make_tools
+from actors.agents.sandbox import find_bwrap
+from actors.agents.tools import PythonTool, ToolCall, ToolRegistry, make_tools
 from transport import security
 
 pytestmark = pytest.mark.skipif(find_bwrap() is None, reason="bubblewrap (bwrap) not installed")
@@ -155,7 +155,7 @@ def test_python_tool_refuses_to_start_without_bubblewrap(monkeypatch, caplog):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError, match="actors.agent.python_sandbox=rlimits"):
         make_tools("calc,python", 5.0, 512)
-    with caplog.at_level(logging.WARNING, logger="actors.tools"):
+    with caplog.at_level(logging.WARNING, logger="actors.agents.tools"):
         make_tools("python", 5.0, 512, sandbox="rlimits")
     assert "without a sandbox" in caplog.text and "unsafe" not in os.environ.get("PATH", "")
 

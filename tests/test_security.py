@@ -33,7 +33,9 @@ def test_curve_admits_allowed_keys_only(tmp_path, tiny_model_dir):
         rogue = procs.actor(run, "rogue", f"transport.curve_client_secret={rogue_sec}",
                             f"transport.curve_server_public={server_pub}",
                             "transport.curve_server_secret=", "transport.curve_allowed_dir=", *common)
-        rogue.wait_for(r"no answer from learner", timeout=60)
+        rogue.wait_for(r"actor rogue cannot join: the learner refused this actor's CURVE key",
+                       timeout=60)
+        assert rogue.finish(timeout=60) == 5, rogue.tail()
         # a client without CURVE cannot even get its Hello through
         ctx = zmq.Context()
         plain = ctx.socket(zmq.DEALER)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sglang
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from actors.sglang_engine import SGLangEngine
+    from actors.engines.sglang.engine import SGLangEngine
 
     with refs.started_engine(lambda: SGLangEngine(tiny_model_dir, "keep", 0, 8192, 0.0)) as eng:
         yield eng

@@ -13,7 +13,7 @@ pytest.importorskip("sglang", reason="SGLang is tested in its own lane (scripts/
 
 import engine_refs as refs  # noqa: E402
 from configs.schema import LoraConfig  # noqa: E402
-from learner.backend import SingleProcessBackend  # noqa: E402
+from learner.backends.single import SingleProcessBackend  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 LORA = LoraConfig(rank=4, alpha=8)
@@ -25,7 +25,7 @@ SGLang's zeroed buffers there, i.e. no change to the head."""
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from actors.sglang_engine import SGLangEngine
+    from actors.engines.sglang.engine import SGLangEngine
 
     with refs.started_engine(lambda: SGLangEngine(tiny_model_dir, "keep", 0, 8192, 0.0,
                                                   lora_rank=4,

@@ -18,7 +18,7 @@ KV_TOKENS = 4096
 
 
 def test_logprobs_match_learner_before_and_after_one_update(smollm2_dir):
-    from actors.sglang_engine import SGLangEngine
+    from actors.engines.sglang.engine import SGLangEngine
 
     worst = refs.real_model_gaps(lambda: SGLangEngine(smollm2_dir, "keep", 0, KV_TOKENS, 0.0),
                                  smollm2_dir)

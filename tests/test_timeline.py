@@ -1,4 +1,4 @@
-"""learner/timeline.py: per-step fractions, the traced window, and the spans heartbeats carry."""
+"""learner/obs/timeline.py: per-step fractions, the traced window, and the spans heartbeats carry."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from learner.server import _bad_spans
-from learner.timeline import LEARNER_PHASES, Timeline
+from learner.obs.timeline import LEARNER_PHASES, Timeline
 from transport import messages as m
 
 

@@ -10,8 +10,8 @@ import types
 import pytest
 
 from configs.loader import ConfigError, load_config
-from learner import tracking
-from learner.metrics import MetricsLog
+from learner.obs import tracking
+from learner.obs.metrics import MetricsLog
 
 from conftest import ROOT
 

@@ -19,7 +19,7 @@ import procs
 from configs.loader import load_config
 from learner import distributed
 from learner import main as learner_main
-from learner.timeline import Timeline
+from learner.obs.timeline import Timeline
 
 PRESET = procs.ROOT / "configs" / "toy_reverse.yaml"
 

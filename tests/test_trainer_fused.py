@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import fsdp_worker
-from learner.backend import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 from learner.distributed import Ranks, make_models
-from learner.trainer import Trainer
+from learner.algo.trainer import Trainer
 
 STEPS = 3
 OBJECTIVES = {

@@ -1,5 +1,5 @@
 """A verifiers environment (tests/verifiers_toy.py, verifiers' own Taskset / Task / @vf.reward /
-Harness) runs as the agent of a real actor process (actors/verifiers_agent.py), and its rubric's
+Harness) runs as the agent of a real actor process (actors/agents/verifiers.py), and its rubric's
 reward is what the learner receives and trains on."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_a_verifiers_environment_runs_as_an_actor_and_its_rubric_reaches_the_lea
 
 
 def test_bad_verifiers_env_specs_are_named(monkeypatch):
-    from actors.verifiers_agent import load_verifiers_env
+    from actors.agents.verifiers import load_verifiers_env
 
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(ValueError, match=r"cannot import 'no_such_module'"):

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.vllm
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     with refs.started_engine(lambda: VLLMEngine(tiny_model_dir, "keep", 0, 0.25, True, 64)) as eng:
         yield eng

@@ -10,7 +10,7 @@ import pytest
 
 import engine_refs as refs
 from configs.schema import LoraConfig
-from learner.backend import SingleProcessBackend
+from learner.backends.single import SingleProcessBackend
 
 pytestmark = pytest.mark.vllm
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.vllm
 def engine(tiny_model_dir, tmp_path_factory):
     import shutil
 
-    from actors.vllm_engine import VLLMEngine
+    from actors.engines.vllm.engine import VLLMEngine
 
     model_dir = tmp_path_factory.mktemp("vllm_lora") / "model"  # adapters are written beside it
     shutil.copytree(tiny_model_dir, model_dir)
@@ -92,7 +92,7 @@ def test_inflight_adapter_update(engine, tiny_model_dir, mode):
 
 def test_adapter_on_the_tied_head_matches_learner(engine, tiny_model_dir):
     """An adapter on `lm_head` of the tied tiny model (with two projections): vLLM's logits
-    get the head's adapter (actors/vllm_worker.py declares the head adaptable for Qwen2) and
+    get the head's adapter (actors/engines/vllm/worker.py declares the head adaptable for Qwen2) and
     the embedding stays E, so its logprobs are the learner's."""
     refs.check_tied_head_adapter(engine, tiny_model_dir,
                                  LoraConfig(rank=4, alpha=8, targets="q_proj,down_proj,lm_head"),

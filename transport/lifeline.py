@@ -1,7 +1,7 @@
 """A process ends when another one ends, however that one ends (SIGKILL included).
 
 Used by the processes an actor or the learner starts and that must not outlive it: engine
-processes (actors/lifeline.py, actors/sglang_engine.py) and reward workers (tasks/rewards.py),
+processes (actors/lifeline.py, actors/engines/sglang/engine.py) and reward workers (tasks/rewards.py),
 which may be stuck in a user's reward when their owner dies.
 
 PR_SET_PDEATHSIG is not enough: it fires when the *thread* that started a child exits, not the

@@ -21,18 +21,19 @@ Channels (learner binds, actors connect):
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
 and Welcome.leases_kept (which leases survive a learner restart). 6: the scorer fleet (ScorerHello,
-ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7: SampleDone
-(actors stream each finished sample to the scorer fleet)."""
+ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7: Welcome.run_settings
+(the learner's task, agent, reward and sampling settings, which the actor runs). 8: SampleDone
+(actors stream each finished sample to the scorer fleet).
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -100,7 +101,7 @@ class WorkRequest(msgspec.Struct, tag="work"):
 
 
 ACTOR_STATES = ("wait_grant", "wait_weights", "generate", "send")
-"""The states of an actor's work loop, one at a time (learner/timeline.py)."""
+"""The states of an actor's work loop, one at a time (learner/obs/timeline.py)."""
 SPAN_STATES = ACTOR_STATES + ("pull_weights",)
 """What a Span may name: a work-loop state, or a weight pull (which runs beside them)."""
 MAX_SPANS = 4096
@@ -122,7 +123,7 @@ class Heartbeat(msgspec.Struct, tag="heartbeat"):
     actor_id: str
     weight_version: int
     spans: list[Span] = []
-    """The actor's time spans since its previous heartbeat (learner/timeline.py)."""
+    """The actor's time spans since its previous heartbeat (learner/obs/timeline.py)."""
 
 
 class Goodbye(msgspec.Struct, tag="goodbye"):
@@ -169,6 +170,9 @@ class Welcome(msgspec.Struct, tag="welcome"):
     that joins a new run drops every other lease of an earlier run: that run died, and this one
     grants their prompts again (it resumed from a checkpoint taken before they were granted, or
     from none)."""
+    run_settings: dict[str, dict[str, Any]] = {}
+    """The run's task, agent, reward and sampling settings as config sections
+    ({"task": {...}, "actors": {...}}, configs/run_settings.py): the actor runs these, not its own."""
 
 
 class Reject(msgspec.Struct, tag="reject"):
@@ -245,7 +249,7 @@ class Sample(msgspec.Struct, gc=False):
     scores: dict[str, float] = msgspec.field(default_factory=dict)
     """Named scores of the reward (e.g. correct, tokens, reward_timeout), logged by the learner."""
     tool_parse_errors: int = 0
-    """Model turns whose tool calls did not parse (actors/tool_parsers.py)."""
+    """Model turns whose tool calls did not parse (actors/agents/tool_parsers.py)."""
 
 
 class GroupResult(msgspec.Struct, tag="group", gc=False):

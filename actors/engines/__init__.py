@@ -1,0 +1,1 @@
+"""Rollout engines: one module (or folder) per kind, the protocol in base.py."""

@@ -1,0 +1,76 @@
+"""The two engine interfaces: what agents and the actor call, and what batch engines implement.
+
+`LLMClient` is what an agent gets as `llm` and what the actor loads weights into: async,
+one request per call, safe to call concurrently. Two kinds of backend provide it:
+
+* batch engines (HF transformers, the simulated engine) implement the synchronous `Engine`
+  protocol below; `actors.engines.client.EngineClient` gathers concurrent requests into batches and
+  runs them in a worker thread. A weight update waits for the running batch ("wait").
+* natively asynchronous engines (vLLM's AsyncLLM, `actors.engines.vllm.engine.VLLMEngine`) implement
+  `LLMClient` directly, stream requests continuously and can take weights mid-request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt_ids: np.ndarray
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    """Agent-chosen base seed; the engine mixes in the weight version it samples with."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: np.ndarray   # int32, generated tokens (ends with EOS if it stopped)
+    logprobs: np.ndarray    # float32, behavior logprob of each token under the tempered policy
+    versions: np.ndarray    # int32, weight version that sampled each token
+    finish_reason: str      # "stop" (EOS) or "length"
+
+
+class LLMClient(Protocol):
+    version: int
+    """Weight version new requests are sampled with (-1 before the first load)."""
+    vocab_size: int
+
+    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
+                       seed: int) -> Completion:
+        """Sample one completion of `prompt_ids`; `seed` is the agent's base seed."""
+
+    async def load_packed(self, manifest, buckets: list) -> None:
+        """Load weight version `manifest.version` from raw buckets (transport/weights.py)."""
+
+    async def load_file(self, path: str, version: int) -> None:
+        """Load weight version `version` from a safetensors file (shared-filesystem weights)."""
+
+
+class Engine(Protocol):
+    version: int
+    """Weight version currently loaded (-1 before the first load)."""
+    vocab_size: int
+
+    def generate(self, requests: list[GenerateRequest]) -> list[Completion]: ...
+
+    def load_packed(self, manifest, buckets: list) -> None:
+        """Load weight version `manifest.version` from its raw buckets (transport/weights.py)."""
+
+    def load_weights(self, state: dict, version: int) -> None:
+        """Load weight version `version` from a state dict of tensors."""
+
+
+def sample_seed(seed: int, prompt_id: int, sample_index: int, turn: int = 0) -> int:
+    """Base seed of one sample's turn: a pure function of the run seed, prompt and sample index."""
+    x = ((seed * 1_000_003 + prompt_id) * 1_000_033 + sample_index) * 1_000_037 + turn
+    return x % (2**62)
+
+
+def versioned_seed(seed: int, version: int) -> int:
+    """The generator seed actually used: base seed mixed with the sampling weight version."""
+    return (seed * 1_000_039 + version) % (2**62)

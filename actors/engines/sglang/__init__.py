@@ -1,0 +1,1 @@
+"""The SGLang engine and its CPU shim."""

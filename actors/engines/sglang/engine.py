@@ -1,0 +1,464 @@
+"""SGLang rollout engine: SGLang's in-process `Engine`, with weight updates while requests run.
+
+SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
+child processes (docs/engines/sglang.md says why this and not `sglang.launch_server`), forked in CPU
+actors (actors/forked.py). Every `generate`
+call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
+continuous batching.
+
+Weight updates (`actors.engine.update_mode`), each with the engine paused so a version lands whole:
+
+    wait   new requests queue; once the running ones have finished: pause, load, continue
+    keep   pause(mode="retract"): running requests go back to the queue and drop their KV;
+           load; flush the prefix cache; continue: they recompute their KV with the new weights.
+           SGLang records, per request, how many tokens each weight version produced
+           (`meta_info["weight_versions"]` spans): that is what `Completion.versions` carries.
+    abort  pause(mode="abort"): running requests end with their partial output; each is
+           resubmitted as prompt + generated prefix and continues with the new weights.
+
+Weights arrive as Tether's byte buckets; each bucket becomes one uint8 tensor handed to SGLang's
+`update_weights_from_tensor(load_format="flattened_bucket")` (SGLang's own layout: a flat byte
+tensor plus name/dtype/shape/offsets), between `begin_weight_update` and `end_weight_update`: one
+bucket beyond the model is in memory at a time. Filesystem weights load with
+`update_weights_from_disk` from a per-version directory holding a link to the version file.
+
+LoRA runs (`lora_rank > 0`, docs/lora.md): SGLang starts with `enable_lora` (its `torch_native`
+LoRA backend on CPU). The base arrives once and loads like full weights; every adapter version is
+added in memory with `load_lora_adapter_from_tensors` under a fresh name, and each request names
+the adapter it was submitted with (`lora_path`), so all its tokens carry that adapter's version.
+Updates need no pause: new requests use the new adapter at once; `wait` and `keep` let running
+requests finish on their own adapter (SGLang cannot move a running request to another adapter);
+`abort` stops them and resubmits prompt + prefix with the new one. An old adapter is unloaded
+once no request runs on it.
+
+Behavior logprobs are SGLang's `output_token_logprobs`: log of the tempered probabilities it
+sampled from (unless SGLANG_RETURN_ORIGINAL_LOGPROB is set, which this module refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from actors.engines.base import Completion, versioned_seed
+from actors import forked
+from transport.lifeline import die_with
+
+log = logging.getLogger(__name__)
+
+UPDATE_MODES = ("wait", "keep", "abort")
+_PAUSE = {"wait": "retract", "keep": "retract", "abort": "abort"}
+"""SGLang pause mode per update_mode. `wait` pauses only once none of our requests runs, so its
+retract moves nothing back to the queue; it still clears the finished requests the scheduler has
+not yet filtered out of its running batch. (An "in_place" pause froze those there, and the
+cache flush after the load then failed with "requests are still running".)"""
+LORA_SLOTS = 4
+"""Adapters in one running batch (`max_loras_per_batch`): old versions still finishing + the new;
+requests on a fifth wait in SGLang's queue."""
+_ACTOR_PID = "TETHER_SGLANG_ACTOR_PID"
+"""Environment variable (inherited by SGLang's children): the pid whose exit ends them."""
+
+
+def _engine_class() -> type:
+    """SGLang's `Engine` with Tether's scheduler and detokenizer entry points (they end when this
+    process ends) and a launch that leaves this process's multiprocessing start method as it was
+    (SGLang sets it for the whole process: "spawn", or "fork" by `_fork_children`)."""
+    from sglang.srt.entrypoints.engine import Engine as SGLangBase
+
+    class Engine(SGLangBase):
+        run_scheduler_process_func = staticmethod(_scheduler_process)
+        run_detokenizer_process_func = staticmethod(_detokenizer_process)
+
+        @classmethod
+        def _launch_subprocesses(cls, *args, **kwargs):
+            import multiprocessing
+
+            method = multiprocessing.get_start_method(allow_none=True)
+            try:
+                return super()._launch_subprocesses(*args, **kwargs)
+            finally:
+                multiprocessing.set_start_method(method, force=True)
+
+    return Engine
+
+
+def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
+                   mem_fraction_static: float, lora_rank: int, lora_targets: tuple[str, ...],
+                   cpu: bool, dtype: str = "float32", tp_size: int = 1,
+                   base_gpu_id: int = 0) -> dict:
+    """SGLang's server arguments for an actor's engine (placeholder weights, no tokenizer),
+    computing in `dtype` (model.dtype, resolved), on `tp_size` GPUs from `base_gpu_id` (of
+    those in the actor's CUDA_VISIBLE_DEVICES) when on CUDA."""
+    kw = dict(model_path=str(model_dir), dtype=dtype, load_format="dummy",
+              skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
+              disable_overlap_schedule=True, log_level="warning")
+    if max_total_tokens:
+        kw["max_total_tokens"] = max_total_tokens
+    if mem_fraction_static:
+        kw["mem_fraction_static"] = mem_fraction_static
+    if cpu:
+        kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    else:
+        kw.update(tp_size=tp_size, base_gpu_id=base_gpu_id)
+    if lora_rank:
+        # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
+        kw.update(enable_lora=True, max_lora_rank=lora_rank,
+                  lora_target_modules=list(lora_targets), max_loras_per_batch=LORA_SLOTS)
+        if cpu:
+            kw["lora_backend"] = "torch_native"
+    return kw
+
+
+class SGLangEngine:
+    def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
+                 mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
+                 lora_rank: int = 0, lora_targets: tuple[str, ...] = (),
+                 dtype: str = "float32", cpu: bool | None = None, tp_size: int = 1,
+                 base_gpu_id: int = 0) -> None:
+        """Start SGLang with placeholder weights; nothing is generated before `load_*`.
+        `lora_rank > 0`: a LoRA run's actor (the base once, then adapters of that rank on the
+        modules `lora_targets`, peft's names).
+        Blocks for the engine start-up (40 s or more on CPU): call it from a worker thread that
+        lives as long as the engine (SGLang's children die with the thread that started them).
+        `on_sigterm` replaces SGLang's own SIGTERM handler in this process (the actor's stop).
+        `dtype`: what the model computes in (checked against what SGLang runs). `cpu`: SGLang's
+        CPU engine (None: where NVML counts no GPU; CUDA is not initialised to find out)."""
+        if update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
+        if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "0").lower() in ("1", "true"):
+            raise ValueError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return untempered "
+                             "logprobs, not those of the distribution it sampled from; unset it")
+        from models.devices import cuda_count
+
+        if cpu is None:
+            cpu = cuda_count() <= 0
+        if cpu:
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
+        Engine = _engine_class()
+        if cpu and forked.enabled():
+            _fork_children()
+        os.environ[_ACTOR_PID] = str(os.getpid())
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.vocab_size = int(config["vocab_size"])
+        self.model_dir = Path(model_dir)
+        self.update_mode = update_mode
+        self.version = -1
+        self.tokens_out = 0
+        """Tokens received so far (a progress counter)."""
+        self.on_tokens: Callable[[int], None] | None = None
+        """Called with `tokens_out` whenever tokens arrive (progress displays, tests)."""
+        self._ids = itertools.count()
+        self._updating = asyncio.Lock()
+        self._open = asyncio.Event()
+        """Set while requests may be submitted (cleared during a weight update)."""
+        self._open.set()
+        self._running = 0
+        self._idle = asyncio.Condition()
+        """Notified whenever a request ends (update_mode wait waits for none running)."""
+        self._adapter: str | None = None
+        """LoRA runs: the name of the adapter new requests use."""
+        self._users: dict[str, int] = {}
+        """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
+        self._lora_ids = itertools.count(1)
+        kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
+                            lora_targets, cpu, dtype, tp_size, base_gpu_id)
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        self.engine = Engine(**kw)
+        root.handlers[:] = handlers  # SGLang's logging.basicConfig(force=True) replaced the actor's
+        root.setLevel(level)
+        self._on_sigterm = on_sigterm
+        running = str(self.engine.tokenizer_manager.model_config.dtype)
+        if running != f"torch.{dtype}":  # behavior logprobs' dtype: what the learner checks
+            self.engine.shutdown()
+            raise ValueError(f"SGLang runs the model in {running}, model.dtype is {dtype}")
+        log.info("SGLangEngine started (update_mode %s, %s; child processes %s)", update_mode,
+                 kw.get("device", "cuda"), self.engine.get_all_child_pids())
+
+    def _attach(self) -> None:
+        """Start SGLang's output loop in this (the actor's) event loop, keeping our SIGTERM."""
+        tm = self.engine.tokenizer_manager
+        if tm.event_loop is None:
+            if self._on_sigterm is not None:
+                tm.signal_handler_class = _signal_handler_class(self._on_sigterm)
+            tm.auto_create_handle_loop()
+
+    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
+                       seed: int) -> Completion:
+        """Sample one completion; with update_mode "abort" it may span several SGLang requests."""
+        self._attach()
+        prompt = [int(t) for t in prompt_ids]
+        ids: list[int] = []
+        lps: list[float] = []
+        vers: list[int] = []
+        while True:
+            await self._open.wait()
+            version, lora = self.version, self._adapter
+            params = {"max_new_tokens": max_new_tokens - len(ids), "temperature": temperature,
+                      "sampling_seed": versioned_seed(seed + len(ids), version)}
+            self._running += 1
+            if lora is not None:
+                self._users[lora] += 1
+            try:
+                out = await self._one_request(prompt + ids, params, lora)
+            finally:
+                self._running -= 1
+                if lora is not None:
+                    self._users[lora] -= 1
+                async with self._idle:
+                    self._idle.notify_all()
+            if lora is not None:
+                await self._drop_unused_adapters()
+            info = out["meta_info"]
+            new = [int(t) for t in out["output_ids"]]
+            ids.extend(new)
+            lps.extend(float(x[0]) for x in info["output_token_logprobs"])
+            vers.extend([version] * len(new) if lora is not None
+                        else _span_versions(info.get("weight_versions"), len(new)))
+            reason = info["finish_reason"]["type"] if info["finish_reason"] else "abort"
+            if reason != "abort" or len(ids) >= max_new_tokens:
+                break
+        return Completion(token_ids=np.asarray(ids, dtype=np.int32),
+                          logprobs=np.asarray(lps, dtype=np.float32),
+                          versions=np.asarray(vers, dtype=np.int32),
+                          finish_reason="length" if reason == "length" else "stop")
+
+    async def _one_request(self, input_ids: list[int], params: dict, lora: str | None) -> dict:
+        """One streamed SGLang request (on adapter `lora`, if any); returns its last
+        (cumulative) output."""
+        stream = await self.engine.async_generate(input_ids=input_ids, sampling_params=params,
+                                                  return_logprob=True, stream=True,
+                                                  rid=f"t{next(self._ids)}-{os.getpid()}",
+                                                  lora_path=lora)
+        out, seen = None, 0
+        async for out in stream:
+            n = len(out["output_ids"])
+            self.tokens_out += n - seen
+            seen = n
+            if self.on_tokens is not None:
+                self.on_tokens(self.tokens_out)
+        return out
+
+    async def load_packed(self, manifest, buckets: list) -> None:
+        """Load a version from Tether's buckets, one bucket at a time; a LoRA run's base keeps
+        the version (its tokens are labelled by adapter), an adapter is added alongside."""
+        if manifest.kind == "adapter":
+            await self._load_adapter(manifest, buckets)
+            return
+        version = self.version if manifest.kind == "base" else manifest.version
+        await self._update(version, self._load_buckets(manifest, buckets))
+
+    async def _load_adapter(self, manifest, buckets: list) -> None:
+        """Add version `manifest.version`'s adapter in memory; new requests use it from now on."""
+        from sglang.srt.managers.io_struct import (ContinueGenerationReqInput,
+                                                   LoadLoRAAdapterFromTensorsReqInput,
+                                                   PauseGenerationReqInput)
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        from models.lora import PEFT_PREFIX
+        from transport.weights import unpack
+
+        self._attach()
+        tm = self.engine.tokenizer_manager
+        v, spec = manifest.version, manifest.lora
+        name = f"a{next(self._lora_ids)}-v{v}"
+        tensors = {PEFT_PREFIX + k: t for k, t in unpack(manifest, buckets).items()}
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
+                  "lora_alpha": spec.alpha, "target_modules": list(spec.targets),
+                  "lora_dropout": 0.0, "bias": "none"}
+        async with self._updating:
+            result = await tm.load_lora_adapter_from_tensors(LoadLoRAAdapterFromTensorsReqInput(
+                lora_name=name, config_dict=config,
+                serialized_named_tensors=[MultiprocessingSerializer.serialize(tensors)]), None)
+            _check((result.success, result.error_message), f"load_lora_adapter_from_tensors (v{v})")
+            self._users[name] = 0
+            self._adapter = name
+            abort = self.update_mode == "abort" and self.version >= 0
+            if abort:  # running requests end now and are resubmitted with this adapter
+                self._open.clear()
+                await tm.pause_generation(PauseGenerationReqInput(mode="abort"))
+            self.version = v
+            self._open.set()
+            if abort:
+                await tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Unload every adapter older than the current one that no request runs on."""
+        from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
+
+        while (old := next((n for n, users in self._users.items()
+                            if n != self._adapter and users == 0), None)) is not None:
+            del self._users[old]  # before the await: no other caller takes it too
+            result = await self.engine.tokenizer_manager.unload_lora_adapter(
+                UnloadLoRAAdapterReqInput(lora_name=old), None)
+            _check((result.success, result.error_message), f"unload_lora_adapter ({old})")
+
+    def loaded_adapters(self) -> set[str]:
+        """LoRA runs: the adapters SGLang's registry holds now (by name)."""
+        return set(self.engine.tokenizer_manager.lora_registry.get_all_adapters())
+
+    async def load_file(self, path: str, version: int) -> None:
+        """Load a version from a safetensors file (shared-filesystem weights)."""
+        await self._update(version, self._load_disk(path, version))
+
+    async def _update(self, version: int, load) -> None:
+        from sglang.srt.managers.io_struct import (ContinueGenerationReqInput,
+                                                   PauseGenerationReqInput)
+
+        self._attach()
+        tm = self.engine.tokenizer_manager
+        async with self._updating:
+            self._open.clear()
+            if self.update_mode == "wait":
+                async with self._idle:
+                    await self._idle.wait_for(lambda: self._running == 0)
+            await tm.pause_generation(PauseGenerationReqInput(mode=_PAUSE[self.update_mode]))
+            await load
+            self.version = version
+            self._open.set()
+            await tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
+
+    async def _load_buckets(self, manifest, buckets: list) -> None:
+        from sglang.srt.managers.io_struct import (BeginWeightUpdateReqInput,
+                                                   EndWeightUpdateReqInput,
+                                                   UpdateWeightsFromTensorReqInput)
+        from sglang.srt.utils.common import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+        tm = self.engine.tokenizer_manager
+        _check(await tm.begin_weight_update(BeginWeightUpdateReqInput(), None), "begin_weight_update")
+        for i, buf in enumerate(buckets):
+            flat, metas = _bucket_tensor(manifest, i, buf, FlattenedTensorMetadata)
+            payload = MultiprocessingSerializer.serialize(
+                {"flattened_tensor": flat, "metadata": metas})
+            last = i == len(buckets) - 1
+            _check(await tm.update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
+                serialized_named_tensors=[payload], load_format="flattened_bucket",
+                flush_cache=last, weight_version=str(manifest.version) if last else None), None),
+                f"update_weights_from_tensor (v{manifest.version}, bucket {i})")
+        _check(await tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
+
+    async def _load_disk(self, path: str, version: int) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
+
+        directory = self.model_dir / "sglang_versions" / f"v{version:08d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        link = directory / "model.safetensors"
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path(path).resolve())
+        result = await self.engine.tokenizer_manager.update_weights_from_disk(
+            UpdateWeightFromDiskReqInput(model_path=str(directory), load_format="safetensors",
+                                         weight_version=str(version)), None)
+        _check(result[:2], f"update_weights_from_disk ({path})")
+        for old in sorted(directory.parent.glob("v*"))[:-1]:
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+
+    def shutdown(self) -> None:
+        """Stop SGLang's processes. (If this process is killed instead, they stop by themselves:
+        each watches this process, `_scheduler_process` and `_detokenizer_process`.)"""
+        self.engine.shutdown()
+
+
+def _fork_children() -> None:
+    """SGLang's scheduler and detokenizer by fork, not spawn (CPU actors: actors/forked.py).
+    SGLang sets the start method to "spawn" in `_set_envs_and_config`, which its launch calls
+    just before it starts them; this process's copy of that function sets "fork" after it
+    (sglang 0.5.23, pinned), and `Engine._launch_subprocesses` puts the method back afterwards.
+    Forked, SGLang's spawn-only hooks around the start (`numa_utils.configure_subprocess`'s
+    numactl wrapper, the memory saver's LD_PRELOAD) do not apply: neither is on in Tether's
+    CPU engines. Idempotent."""
+    import multiprocessing
+
+    import sglang.srt.entrypoints.engine as launch
+
+    set_up = launch._set_envs_and_config
+    if getattr(set_up, "tether_fork", False):
+        return
+
+    def then_fork(server_args) -> None:
+        set_up(server_args)
+        multiprocessing.set_start_method("fork", force=True)
+
+    then_fork.tether_fork = True
+    launch._set_envs_and_config = then_fork
+
+
+def _scheduler_process(*args, **kwargs):
+    """SGLang's scheduler process, ended with the actor (SGLang's own PR_SET_PDEATHSIG ties it to
+    the thread that started it, and a SIGKILLed actor has been seen to leave it running)."""
+    import torch
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    die_with(int(os.environ[_ACTOR_PID]))
+    if not torch.cuda.is_available():
+        from actors.engines.sglang.cpu import unpinned_host_memory
+
+        unpinned_host_memory()  # SGLang's LoRA layers pin host memory (actors/engines/sglang/cpu.py)
+    return run_scheduler_process(*args, **kwargs)
+
+
+def _detokenizer_process(*args, **kwargs):
+    """SGLang's detokenizer process, ended with the actor (as `_scheduler_process`)."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    die_with(int(os.environ[_ACTOR_PID]))
+    return run_detokenizer_process(*args, **kwargs)
+
+
+def _bucket_tensor(manifest, index: int, buf, metadata_cls):
+    """Bucket `index` as one flat uint8 tensor plus SGLang's per-tensor metadata."""
+    import torch
+
+    from transport.weights import _DTYPES
+
+    flat = torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    metas = []
+    for m in manifest.tensors:
+        if m.bucket != index:
+            continue
+        dtype = _DTYPES[m.dtype]
+        if m.offset % dtype.itemsize or m.offset + m.nbytes > len(flat):
+            raise ValueError(f"weights v{manifest.version}: tensor {m.name} is misplaced in "
+                             f"bucket {index} (offset {m.offset}, {m.nbytes} bytes)")
+        metas.append(metadata_cls(name=m.name, shape=torch.Size(m.shape), dtype=dtype,
+                                  start_idx=m.offset, end_idx=m.offset + m.nbytes, numel=m.nbytes))
+    return flat, metas
+
+
+def _check(result, what: str) -> None:
+    success, message = result
+    if not success:
+        raise RuntimeError(f"SGLang {what} failed: {message}")
+
+
+def _span_versions(spans, n_total: int) -> list[int]:
+    """Per-token versions of one SGLang request from its version spans."""
+    out: list[int] = []
+    for span in spans or []:
+        v = -1 if span["version"] == "default" else int(span["version"])
+        out.extend([v] * (span["end"] - span["start"]))
+    if len(out) != n_total:
+        raise RuntimeError(f"SGLang labelled {len(out)} of {n_total} tokens with a weight version")
+    return out
+
+
+def _signal_handler_class(on_sigterm: Callable[[], None]):
+    from sglang.srt.managers.tokenizer_manager import SignalHandler
+
+    class KeepActorSigterm(SignalHandler):
+        """SGLang's handler, except that SIGTERM stops the actor (which then shuts SGLang down)."""
+
+        def sigterm_handler(self, signum=None, frame=None):
+            on_sigterm()
+
+    return KeepActorSigterm

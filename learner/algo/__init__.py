@@ -1,0 +1,1 @@
+"""The RL algorithm: batches, advantages, the loss, the critic and the trainer that steps them."""

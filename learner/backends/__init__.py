@@ -1,0 +1,1 @@
+"""Training backends: one module (or folder) per kind, the protocol in base.py."""

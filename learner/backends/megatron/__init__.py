@@ -1,0 +1,1 @@
+"""The Megatron-core backend: the backend, HF <-> Megatron conversion, the CPU redirects."""

@@ -1,0 +1,1 @@
+"""Observability: step metrics, the actors' timeline and trace, experiment trackers."""

@@ -1,0 +1,49 @@
+"""A reward that keeps failing stops the run with one line naming it (its failures logged at a
+limited rate), and a start-up error is one line, its traceback only at debug level."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import procs
+from conftest import ROOT
+
+RAISING = "def reward(completion, completion_ids, label, metadata):\n    raise KeyError('label')\n"
+
+
+def test_a_reward_that_always_raises_stops_the_run_with_one_line(tmp_path, tiny_model_dir):
+    """It used to be logged once per call, forever, while the run trained on zeros."""
+    (tmp_path / "bad_reward.py").write_text(RAISING)
+    data = tmp_path / "rev.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"rev {i} {i} =", "label": f"{i} {i}"}) + "\n"
+                            for i in range(10)) * 4)
+    spec = f"{tmp_path / 'bad_reward.py'}:reward"
+    r = subprocess.run([sys.executable, "-m", "learner", "-c", str(procs.PRESET),
+                        f"run_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+                        "task.name=data", f"task.data_path={data}", f"task.reward={spec}",
+                        "task.eval_prompts=8", "task.reward_workers=1", "actors.num_local=0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (f"tether-learner: task.reward {spec} failed on 8 of 8 calls in the held-out "
+                    "evaluation at v0 (errors and timeouts; more than "
+                    "task.reward_max_error_frac=0.5): fix the reward, or see the warnings above "
+                    "for its error"), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    failed = [ln for ln in r.stderr.splitlines() if f"WARNING reward {spec} failed" in ln]
+    assert len(failed) == 3 and "KeyError: 'label'" in failed[0], r.stderr[-3000:]
+
+
+def test_a_start_up_error_is_one_line_without_a_traceback(tmp_path, tiny_model_dir):
+    r = subprocess.run([sys.executable, "-m", "learner", "-c", str(procs.PRESET),
+                        f"run_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+                        "task.name=data", f"task.data_path={tmp_path / 'none.jsonl'}",
+                        "task.reward=tasks.builtin_rewards:correct_and_short",
+                        "actors.num_local=0"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1].startswith(
+        "tether-learner: "), r.stderr[-3000:]
+    assert "none.jsonl" in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
