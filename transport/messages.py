@@ -33,7 +33,7 @@ columnar (one Array per token column for the whole group; Sample.num_tokens). 5:
 and Welcome.leases_kept (which leases survive a learner restart). 6: the scorer fleet (ScorerHello,
 ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7: Welcome.run_settings
 (the learner's task, agent, reward and sampling settings, which the actor runs). 8: SampleDone
-(actors stream each finished sample to the scorer fleet).
+(actors stream each finished sample to the scorer fleet)."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
