@@ -439,10 +439,13 @@ class LearnerServer(threading.Thread):
             self._reject("no_scorers", f"sample_done from {msg.actor_id!r}: this run has no "
                          "model scorers (task.scorers)")
             return
+        if msg.lease_id in self.leases.evaluating:
+            return  # evaluation rollouts are scored at the run's end (learner/evaluate.py)
         rec = self.leases.outstanding.get(msg.lease_id)
         if rec is None or rec.actor_id != msg.actor_id:
             if self.leases.is_closed(msg.lease_id) or self.leases.is_void(msg.lease_id):
-                self.desk.stream_late()  # its group arrived first, or the lease ended
+                self.desk.stream_late()  # its group arrived first, or the lease ended (or an
+                # evaluation lease's result arrived before this)
             else:
                 self._reject("unknown_lease", f"sample_done: lease {msg.lease_id} is not "
                              f"outstanding for {msg.actor_id!r}")
