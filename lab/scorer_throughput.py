@@ -3,7 +3,7 @@
     .venv/bin/python lab/scorer_throughput.py [--samples 512] [--batch 32]
 
 Builds the tests' tiny seven-classifier (tests/scorer_models.py: Qwen2ForSequenceClassification,
-1 layer, hidden 64, the toy task's word-level tokenizer), then scores the same `--samples`
+1 layer, hidden 128, the toy task's word-level tokenizer), then scores the same `--samples`
 reversal-task samples (prompt of 7 tokens + a completion of 1-4 digits) with the scorer's own
 code path (tasks/scorers/classifier.py `Classifier.score`: render, tokenize, pad, one forward
 pass per batch) in batches of `--batch` and of 1, alternating three rounds each, one torch

@@ -48,11 +48,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = os.environ.get("RANK")
     setup_process("learner" if rank is None else f"learner[rank{rank}]")
+    from configs.placement import PlacementError
     from learner.main import run
     from learner.reward_health import RewardFailing
 
     try:
         run(cfg)
+    except PlacementError as e:  # found when the node's GPUs are counted at start
+        print(f"tether-learner: {e}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, RewardFailing) as e:  # bad input found at start, a failing reward
         logging.getLogger("learner").debug("the run stopped:", exc_info=True)
         print(f"tether-learner: {e}", file=sys.stderr)

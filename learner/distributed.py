@@ -8,6 +8,7 @@ tells the other ranks, one command at a time, which collective step comes next.
       gather_base()     ── GATHER_BASE ───────────▶   LoRA, once: the frozen base, likewise
       save_checkpoint   ── SAVE + directory ────────▶   write its shards
       export_hf         ── EXPORT + directory ──────▶   all-gather each tensor, drop it
+                           (rank 0 writes the files after STOP and `close`: nobody waits)
       idle()            ── IDLE (every 5 s waiting) ▶   nothing; keeps the group timeout for hangs
       stop()            ── STOP ────────────────────▶   return
 
@@ -25,6 +26,7 @@ left inside a collective; the loop then checkpoints with everyone and sends STOP
 from __future__ import annotations
 
 import atexit
+import datetime
 import enum
 import logging
 import os
@@ -33,7 +35,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import numpy as np
 import torch
@@ -47,7 +49,7 @@ from learner.backends.registry import make_backend, runs_under_torchrun
 from learner.algo.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
 from learner.algo.trainer import Trainer
 from learner.publisher import Publisher
-from models.devices import resolve_device
+from models.devices import resolve_device, torch_dtype
 from transport.weights import PackedWeights, pack
 
 log = logging.getLogger(__name__)
@@ -73,27 +75,33 @@ class Ranks:
     """This rank's training device (cuda:LOCAL_RANK with NCCL, cpu with gloo)."""
 
 
-def start(backend: BackendConfig, device: str = "auto") -> Ranks:
+def start(backend: BackendConfig, device: str = "auto", gpu: int | None = None,
+          timeout_s: float = 1800.0) -> Ranks:
     """Join the torchrun process group for a backend that trains over torchrun ranks (fsdp2,
-    megatron; NCCL when `device` resolves to CUDA, else gloo). `device` is `learner.device`
-    (models/devices.py)."""
+    megatron; NCCL when `device` resolves to CUDA, else gloo), every collective bounded by
+    `timeout_s` (learner.collective_timeout_s). `device` is `learner.device`
+    (models/devices.py); on CUDA this rank uses `cuda:<gpu>` (its GPU in the node's placement,
+    configs/placement.py), cuda:LOCAL_RANK when `gpu` is None."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not runs_under_torchrun(backend):
         if world > 1:
             raise RuntimeError(f"learner.backend={backend.kind} cannot run on {world} torchrun "
                                "ranks; use learner.backend=fsdp2")
-        return Ranks(0, 1, resolve_device(device, "learner.device"))
+        return Ranks(0, 1, resolve_device(device, "learner.device", gpu or 0))
     if "RANK" not in os.environ:
         raise RuntimeError(f"learner.backend={backend.kind} runs under torchrun: torchrun "
                            f"--nproc_per_node N -m learner -c CONFIG "
                            f"learner.backend={backend.kind}")
-    dev = resolve_device(device, "learner.device", int(os.environ["LOCAL_RANK"]))
+    index = int(os.environ["LOCAL_RANK"]) if gpu is None else gpu
+    dev = resolve_device(device, "learner.device", index)
+    timeout = datetime.timedelta(seconds=timeout_s)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", device_id=dev)
+        dist.init_process_group("nccl", device_id=dev, timeout=timeout)
     else:
-        dist.init_process_group("gloo")
-    log.info("rank %d of %d on %s (%s)", dist.get_rank(), world, dev, dist.get_backend())
+        dist.init_process_group("gloo", timeout=timeout)
+    log.info("rank %d of %d on %s (%s, collective timeout %gs)", dist.get_rank(), world, dev,
+             dist.get_backend(), timeout_s)
     return Ranks(dist.get_rank(), world, dev)
 
 
@@ -136,18 +144,20 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
     """The frozen reference (kl_coef > 0) and the critic (gae, vtrace) this config needs,
     with learner.backend (learner/algo/critic.py); every rank calls it, in this order."""
     L, M = cfg.learner, cfg.model
+    dtype = torch_dtype(M.dtype, ranks.device)  # both compute as the policy does
     out = AlgoModels()
     if L.kl_coef > 0 and policy is not None and policy.lora is not None and not M.ref_path:
         out.reference = FrozenBase(policy)  # the policy with its adapters off: no second copy
     elif L.kl_coef > 0:
         out.reference = make_backend(L.backend, Path(M.ref_path or M.path), 0.0, 0.0, L.seed,
-                                     ranks.device)
+                                     ranks.device, dtype)
         out.reference.model.requires_grad_(False)
         out.reference.model.eval()
     if needs_critic(cfg):
         path = Path(M.critic_path or M.path)
         out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed,
-                                  ranks.device, model=ValueModel(path, meta=L.backend.kind == "fsdp2"),
+                                  ranks.device, dtype,
+                                  model=ValueModel(path, meta=L.backend.kind == "fsdp2"),
                                   activation_checkpointing=L.activation_checkpointing)
     return out
 
@@ -207,9 +217,11 @@ class Leader:
         self.backend.save_checkpoint(path, extra)
         self.trainer.models.save(path)
 
-    def export_hf(self, path: Path) -> None:
+    def export_hf(self, path: Path) -> Callable[[], None]:
+        """Gather the export with every rank (a collective); returns rank 0's write of it, to
+        be called once the other ranks no longer wait on a collective (after `stop`)."""
         self._send(Op.EXPORT, 0, _path_array(path))
-        self.backend.export_hf(path)
+        return self.backend.gather_export(path)
 
     def idle(self) -> None:
         self._send(Op.IDLE, 0)
@@ -257,7 +269,7 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
                 backend.save_checkpoint(_array_path(arrays), {})
                 trainer.models.save(_array_path(arrays))
             case Op.EXPORT:
-                backend.export_hf(_array_path(arrays))
+                backend.gather_export(_array_path(arrays))  # rank 0 writes it, alone
             case Op.STOP:
                 log.info("rank %d: stop after %d steps", ranks.rank, steps)
                 return

@@ -11,6 +11,11 @@ granted only once version `v` is published: synchronous PPO.
 
 Accounting invariant (in groups): granted = consumed + dropped + outstanding + buffered.
 
+Evaluation leases (`add_eval`): one held-out prompt, one sample, `min_version` = the version
+evaluated. They are granted before training leases, outside the capacity rule and the
+accounting (they are never trained on), and an expired one goes back to the front of their
+queue. After `close_training` only evaluation leases are granted (the run's end).
+
 After a restart from a checkpoint the leases outstanding in it stay outstanding, but only those
 an actor says it still holds (its Hello): the others were delivered to the run that died, whose
 training since the checkpoint is lost, so their prompts are granted again. Leases that run
@@ -47,6 +52,8 @@ class LeaseRecord:
     num_samples: int
     min_version: int
     granted_at: float = field(default_factory=time.monotonic)
+    eval_version: int | None = None
+    """Evaluation leases: the policy version evaluated (None: a training lease)."""
 
 
 class LeaseTable:
@@ -71,6 +78,19 @@ class LeaseTable:
         self.void = range(0)
         """Ids the run that died may have granted after the checkpoint this run resumed from
         (from that checkpoint's lease counter up to this run's first id)."""
+        self.eval_queue: deque[tuple[int, Prompt]] = deque()
+        """Evaluation prompts not granted yet, with the version each evaluates."""
+        self.evaluating: dict[int, LeaseRecord] = {}
+        """Evaluation leases granted and not completed."""
+        self.training_open = True
+        """False once training ended: only evaluation leases are granted."""
+
+    def add_eval(self, version: int, prompts: list[Prompt]) -> None:
+        """Queue one evaluation lease per prompt, evaluating `version`."""
+        self.eval_queue.extend((version, p) for p in prompts)
+
+    def close_training(self) -> None:
+        self.training_open = False
 
     def capacity(self, version: int) -> int:
         """How many more groups may be granted at `version`."""
@@ -79,8 +99,17 @@ class LeaseTable:
 
     def grant(self, actor_id: str, incarnation: str, max_groups: int,
               version: int) -> list[LeaseRecord]:
-        n = min(max_groups, self.capacity(version))
+        """Evaluation leases first, then training leases as the capacity rule admits."""
         out = []
+        while self.eval_queue and len(out) < max_groups:
+            evaluated, prompt = self.eval_queue.popleft()
+            rec = LeaseRecord(lease_id=self.next_lease_id, prompt=prompt, actor_id=actor_id,
+                              incarnation=incarnation, num_samples=1, min_version=evaluated,
+                              eval_version=evaluated)
+            self.next_lease_id += 1
+            self.evaluating[rec.lease_id] = rec
+            out.append(rec)
+        n = min(max_groups - len(out), self.capacity(version)) if self.training_open else 0
         for _ in range(max(n, 0)):
             index = self.retry.popleft() if self.retry else self._next_cursor()
             rec = LeaseRecord(lease_id=self.next_lease_id, prompt=self.task.train_prompt(index),
@@ -99,7 +128,12 @@ class LeaseTable:
         return index
 
     def complete(self, lease_id: int, actor_id: str) -> LeaseRecord | None:
-        """Close a lease whose trajectory arrived; None if it is not outstanding for this actor."""
+        """Close a lease whose trajectory arrived; None if it is not outstanding for this actor.
+        An evaluation lease's record has `eval_version` set."""
+        rec = self.evaluating.get(lease_id)
+        if rec is not None and rec.actor_id == actor_id:
+            del self.evaluating[lease_id]
+            return rec
         rec = self.outstanding.get(lease_id)
         if rec is None or rec.actor_id != actor_id:
             return None
@@ -109,7 +143,8 @@ class LeaseTable:
 
     def held_by(self, actor_id: str) -> list[int]:
         """The ids of the leases outstanding for `actor_id`."""
-        return sorted(r.lease_id for r in self.outstanding.values() if r.actor_id == actor_id)
+        return sorted(r.lease_id for r in (*self.outstanding.values(), *self.evaluating.values())
+                      if r.actor_id == actor_id)
 
     def is_void(self, lease_id: int) -> bool:
         """Granted by the run that died, after the checkpoint this run resumed from."""
@@ -119,7 +154,8 @@ class LeaseTable:
         """Granted once and no longer outstanding (completed, dropped or expired): a second
         result for it is a duplicate. Derived from the id counter, so it costs no memory and
         survives a checkpoint."""
-        return 0 <= lease_id < self.next_lease_id and lease_id not in self.outstanding
+        return (0 <= lease_id < self.next_lease_id and lease_id not in self.outstanding
+                and lease_id not in self.evaluating)
 
     def drop(self, rec: LeaseRecord, reason: DropReason) -> None:
         """Count a lease whose trajectory will never be trained on (already removed or not)."""
@@ -132,13 +168,23 @@ class LeaseTable:
         it holds (`held`, from its Hello); their prompts are granted again. Returns the count."""
         recs = [r for r in self.outstanding.values() if r.actor_id == actor_id
                 and not (r.incarnation == incarnation and r.lease_id in held)]
+        self._requeue_evals([r for r in self.evaluating.values() if r.actor_id == actor_id
+                             and not (r.incarnation == incarnation and r.lease_id in held)])
         return self._expire(recs, f"actor {actor_id}")
 
     def expire_unclaimed(self, registered: set[str], granted_before: float) -> int:
         """Expire leases of actors that are not connected, granted (or restored) before the time."""
         recs = [r for r in self.outstanding.values()
                 if r.actor_id not in registered and r.granted_at < granted_before]
+        self._requeue_evals([r for r in self.evaluating.values()
+                             if r.actor_id not in registered and r.granted_at < granted_before])
         return self._expire(recs, "unclaimed")
+
+    def _requeue_evals(self, recs: list[LeaseRecord]) -> None:
+        """Evaluation leases of a lost actor: granted again, first (not drops: never trained)."""
+        for rec in reversed(recs):
+            del self.evaluating[rec.lease_id]
+            self.eval_queue.appendleft((rec.eval_version, rec.prompt))
 
     def _expire(self, recs: list[LeaseRecord], whose: str) -> int:
         for rec in recs:

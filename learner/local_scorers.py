@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from configs.placement import Placement, child_env
 from configs.schema import TetherConfig, model_scorers
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ class LocalScorers:
         self.threads = threads
 
     @classmethod
-    def start(cls, cfg: TetherConfig, endpoint: str, run_dir: Path) -> LocalScorers:
+    def start(cls, cfg: TetherConfig, endpoint: str, run_dir: Path,
+              placement: Placement | None = None) -> LocalScorers:
         n = cfg.scoring.num_local if model_scorers(cfg) else 0
         if cfg.transport.kind == "inproc":
             threads = [threading.Thread(target=_run_thread, daemon=True, name=f"scorer-local-{i}",
@@ -44,7 +46,9 @@ class LocalScorers:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "actors.scorer", "-c", str(run_dir / "config.yaml"),
                      "--scorer-id", f"local-scorer-{i}", "--exit-with-parent", endpoint],
-                    stdout=out, stderr=subprocess.STDOUT))
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=child_env(placement.scorers[i] if placement is not None
+                                  and i < len(placement.scorers) else ())))
         if procs:
             log.info("started %d local scorer process(es); logs in %s", n, logs)
         return cls(procs, [])

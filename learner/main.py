@@ -4,8 +4,12 @@
     actors (DEALER) ◀─control───▶ [I/O thread: leases, heartbeats, VersionAnnounce]      │
     actors, relays ◀─weights───── [I/O thread: offers, buckets] ◀─announce(v+1)◀─ [packer] ◀─ gather
 
-`start` restores or begins, gathers and evaluates version v, binds the sockets and starts the
-local actors; `train` loops; `finish` checkpoints, evaluates, exports and writes the summary.
+`start` restores or begins, gathers version v, binds the sockets, queues v's held-out
+evaluation on the actors and starts the local actors; `train` loops; `finish` checkpoints,
+gathers the export, lets the other ranks go, then (rank 0 alone: nobody waits in a collective)
+writes the export, evaluates the final version on the actors, stops them and writes the
+summary. Evaluation runs as evaluation leases on the actors (learner/evaluate.py): the learner
+keeps no second copy of the policy and the trainer never waits for a generation.
 The trainer thread waits in `buffer.take()` for `prompts_per_step` fresh groups (logging what it
 waits for every few seconds, so a stall is never silent), trains one step, gathers the new
 weights in the engines' dtype (`Leader.gather_weights`, a collective under FSDP2) into the packer
@@ -39,17 +43,19 @@ import torch
 from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
 from configs.loader import save_config
-from configs.schema import TetherConfig
+from configs.placement import Placement
+from configs.schema import TetherConfig, model_scorers
 from learner import distributed, run_dir as run_dirs
 from learner.backends.registry import make_backend
 from learner.obs import tracking
-from learner.evaluate import Evaluation, held_out
+from learner.evaluate import held_out
 from learner.leases import LeaseTable
-from learner.local_actors import LocalActors
+from learner.local_actors import LocalActors, node_placement
 from learner.local_scorers import LocalScorers
 from learner.obs.metrics import MetricsLog
 from learner.model_setup import ensure_model
 from learner.reward_health import RewardHealth
+from learner.scoring import balanced
 from learner.server import LearnerServer
 from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
@@ -59,6 +65,16 @@ from transport.weights import PackedWeights, unpack, write_file
 from transport.weightsrc.store import Published
 
 log = logging.getLogger(__name__)
+
+
+def _log_memory(phase: str) -> None:
+    """One line with this process's peak and current resident memory after a start-up phase
+    (lab/bench_memory.py reads them for its breakdown; Linux /proc only, else silent)."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        f = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        log.info("memory after %s: VmHWM %d MiB, VmRSS %d MiB", phase,
+                 int(f["VmHWM"].split()[0]) // 1024, int(f["VmRSS"].split()[0]) // 1024)
 
 WAIT_LOG_S = 5.0
 """While waiting for trajectories, say what is missing this often."""
@@ -73,8 +89,17 @@ def run(cfg: TetherConfig) -> dict | None:
     tracking.require(cfg)
     hf_logging.disable_progress_bar()
     t0 = time.monotonic()
-    ranks = distributed.start(cfg.learner.backend, cfg.learner.device)
+    L = cfg.learner
+    on_cuda = devices.resolve_device(L.device, "learner.device").type == "cuda"  # NVML only
+    placement = node_placement(cfg, on_cuda)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = distributed.start(L.backend, L.device,
+                              gpu=placement.learner[local_rank][0] if placement.learner else None,
+                              timeout_s=L.collective_timeout_s)
     devices.limit_cpu_threads(ranks.device)
+    devices.enable_tf32(ranks.device)
+    cfg.model.dtype = devices.resolve_dtype(cfg.model.dtype, ranks.device)  # saved: actors follow
+    _log_memory("imports")
     actor_cpus = _place_cpus(cfg, ranks)
     run_dir = Path(cfg.run_dir)
     run_id = ""
@@ -85,13 +110,14 @@ def run(cfg: TetherConfig) -> dict | None:
     distributed.barrier(ranks)
     model_dir = Path(cfg.model.path)
     tokenizer = load_tokenizer(model_dir)
-    L = cfg.learner
     backend = make_backend(L.backend, model_dir, L.lr, L.weight_decay, L.seed, ranks.device,
                            devices.torch_dtype(cfg.model.dtype), lora=L.lora,
                            activation_checkpointing=L.activation_checkpointing)
+    _log_memory("model load")
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id,
                       models=distributed.make_models(cfg, ranks, backend),
                       eos_id=tokenizer.eos_token_id)
+    _log_memory("reference/critic models")
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     if ranks.rank > 0:
         if checkpoint is not None:
@@ -102,11 +128,14 @@ def run(cfg: TetherConfig) -> dict | None:
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
-        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id)
-        reason = train(cfg, team, state, sigterm)
-        summary = finish(cfg, team, state, reason, time.monotonic() - t0)
-    distributed.close(ranks)
-    return summary
+        log.info("placement on this node: %s", placement.describe() or "no GPUs")
+        state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id, placement)
+        reason = "failed"
+        try:
+            reason = train(cfg, team, state, sigterm)
+            return finish(cfg, team, state, reason, time.monotonic() - t0)
+        finally:
+            _stop_fleet(state, reason)
 
 
 def _place_cpus(cfg: TetherConfig, ranks: distributed.Ranks) -> list[list[int]] | None:
@@ -136,8 +165,8 @@ class LeadState:
     actors: LocalActors
     scorers: LocalScorers
     metrics: MetricsLog
-    eval_engine: object
-    eval_start: Evaluation
+    eval_start: int
+    """The version whose evaluation was queued at start."""
     version: int
     """Policy version = optimizer steps done."""
     publisher: Publisher
@@ -149,10 +178,11 @@ class LeadState:
 
 
 def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Path | None,
-          actor_cpus: list[list[int]] | None = None, run_id: str = "") -> LeadState:
-    """Restore (or begin), gather version v's weights, evaluate them, bind the sockets,
-    announce v, start the local actors (on `actor_cpus`, one list per actor, if given)."""
-    from actors.engines.hf import HFEngine
+          actor_cpus: list[list[int]] | None = None, run_id: str = "",
+          placement: Placement | None = None) -> LeadState:
+    """Restore (or begin), gather version v's weights, bind the sockets, announce v, queue
+    its held-out evaluation on the actors, start the local actors (on `actor_cpus`, one list per
+    actor, if given; on the GPUs `placement` gives them) and scorers."""
     from tasks import make_task
 
     run_dir, model_dir = Path(cfg.run_dir), Path(cfg.model.path)
@@ -167,50 +197,49 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         version = _restore(team.backend, leases, buffer, checkpoint)
         team.trainer.models.load(checkpoint)
     base = team.gather_base()  # LoRA: the frozen base, sent once to each actor (else None)
-    dtype = devices.torch_dtype(cfg.model.dtype)
-    eval_engine = HFEngine(model_dir, team.ranks.device, dtype)
-    if base is not None:
-        eval_engine.load_packed(base.manifest, list(base.buckets))
+    health = RewardHealth(cfg)  # checked on the start round once it is in (train)
+
     if checkpoint is not None and cfg.transport.kind == "zmq":
         _reuse_ports(cfg, run_dir)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     nccl = None
-    if cfg.transport.weights_via == "nccl":  # the GPU path: a broadcast into the local engines
+    if cfg.transport.weights_via == "nccl":  # the GPU path: a broadcast into the engines
         from transport.weightsrc.nccl import NcclBroadcaster
 
         host = cfg.transport.advertise_host or cfg.transport.host
         nccl = NcclBroadcaster(socket.gethostname() if host == "0.0.0.0" else host,
                                cfg.transport.nccl_engines, team.ranks.device)
-    server = LearnerServer(cfg, buffer, leases, model_dir, eval_engine.model.config.vocab_size,
-                           version, base=base, nccl=nccl)
+    server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base, nccl=nccl)
+    team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
+    server.timeline = team.trainer.timeline
     publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
                           lambda pub: server.announce(pub.full.manifest.version,
                                                       _for_actors(cfg, pub)))
-    team.gather_weights(version, publisher, dtype)
-    eval_start = _evaluate(eval_engine, publisher.wait().full, task, cfg, tokenizer)
-    log.info("held-out reward at v%d: %s", version, eval_start)
-    health = RewardHealth(cfg)
-    health.check(eval_start.prompts - eval_start.errors, eval_start.reward_failures,
-                 f"in the held-out evaluation at v{version}")
-
-    team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
-    server.timeline = team.trainer.timeline
+    team.gather_weights(version, publisher,
+                        devices.torch_dtype(cfg.model.dtype, team.ranks.device))
+    publisher.wait()  # v is announced before anyone can ask
+    _log_memory("published-weights copy")
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
-    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus)
-    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir)
+    server.evaluate(version, task.eval_prompts(cfg.task.eval_prompts))  # 0: an empty round
+    log.info("held-out evaluation of v%d queued on the actors (%d prompts)", version,
+             cfg.task.eval_prompts)
+    actors = LocalActors.start(cfg, server.endpoints["control"], run_dir, actor_cpus, placement)
+    scorers = LocalScorers.start(cfg, server.endpoints["control"], run_dir, placement)
     metrics = MetricsLog(run_dir / "metrics.jsonl", cfg,
                          resume_version=version if checkpoint is not None else None)
     return LeadState(task=task, tokenizer=tokenizer, drops=drops, buffer=buffer, leases=leases,
                      server=server, actors=actors, scorers=scorers, metrics=metrics,
-                     eval_engine=eval_engine, eval_start=eval_start, version=version,
-                     publisher=publisher, run_id=run_id, reward_health=health)
+                     eval_start=version, version=version, publisher=publisher, run_id=run_id,
+                     reward_health=health)
 
 
 def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _Sigterm) -> str:
     """Take a batch, step, gather and announce the new version, until learner.max_steps (or
     learner.max_train_minutes, or learner.stop_at_reward); returns why it ended ("finished",
-    "time_limit", "reward_reached" or "interrupted"). Stops the server and actors. `sigterm`:
+    "time_limit", "reward_reached" or "interrupted"). The server and actors keep running (the
+    final evaluation needs them); `finish` or `_stop_fleet` stops them. `sigterm`:
     a SIGTERM raises KeyboardInterrupt only while this runs (see _sigterm_interrupts)."""
     run_dir = Path(cfg.run_dir)
     reason = "finished"
@@ -219,6 +248,20 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
     try:
         sigterm.raising = team.ranks.world == 1  # several ranks: between steps (collectives)
         tl = team.trainer.timeline
+        # The first step waits for the start round: until then the actors sample with exactly
+        # this version (a resumed run could otherwise step on buffered groups at once and have
+        # the round sampled by its successor). Later steps never wait for an evaluation.
+        while not st.server.evaluations.wait(st.eval_start, WAIT_LOG_S):
+            team.check_interrupt()
+            r = st.server.evaluations.result(st.eval_start)
+            log.info("v%d: evaluation %d/%d in before the first step", st.version, r["samples"],
+                     r["prompts"])
+            _log_waiting(st)
+            team.idle()
+        r = st.server.evaluations.result(st.eval_start)
+        if st.reward_health is not None:
+            st.reward_health.check(r["samples"] - r["errors"], r["reward_failures"],
+                                   f"in the held-out evaluation at v{st.eval_start}")
         while st.version < cfg.learner.max_steps:
             team.check_interrupt()
             if time.monotonic() >= deadline:
@@ -238,10 +281,12 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 continue
             step_t0 = time.monotonic()
             m = team.step(groups, st.version)
+            if st.version == 0:
+                _log_memory("first step (gradients, optimizer state, activations)")
             st.version += 1
             with tl.span("gather"):  # the packer thread packs and announces it
                 team.gather_weights(st.version, st.publisher,
-                                    devices.torch_dtype(cfg.model.dtype))
+                                    devices.torch_dtype(cfg.model.dtype, team.ranks.device))
             m.update(tl.end_step(st.version))
             snap = st.server.snapshot()
             st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())
@@ -263,14 +308,21 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
     finally:
         sigterm.raising = False
         try:
-            st.publisher.wait()  # the last version is announced before the sockets close
+            st.publisher.wait()  # the last version is announced before the evaluation and the end
         finally:
-            st.server.stop(reason)
+            st.server.end_training()  # evaluation leases only from now on
             st.buffer.close()
             st.metrics.close()
-            st.actors.reap()
-            st.scorers.reap()
     return reason
+
+
+def _stop_fleet(st: LeadState, reason: str) -> None:
+    """Tell the actors and scorers to shut down, close the sockets, reap the local ones
+    (idempotent)."""
+    if st.server.is_alive():
+        st.server.stop(reason)
+        st.actors.reap()
+        st.scorers.reap()
 
 
 def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
@@ -284,7 +336,9 @@ def _reward_reached(cfg: TetherConfig, metrics: MetricsLog) -> bool:
 
 def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: str,
            wall: float) -> dict:
-    """Final checkpoint, held-out evaluation, HF export, summary.json; stops the other ranks."""
+    """Final checkpoint and the export's gather (collectives of every rank), then the other
+    ranks stop and leave the group; rank 0 alone writes the export, evaluates the final version
+    on the actors, stops them and writes summary.json."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "checkpoints" / f"step_{st.version}").exists():
         _save_checkpoint(team, st.server, run_dir, st.version, cfg.learner.checkpoint_keep,
@@ -292,10 +346,24 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     if team.trainer.timeline.write_trace(run_dir / "trace.json"):
         log.info("trace of the steps after v%d written to %s", cfg.learner.trace_from_step,
                  run_dir / "trace.json")
-    eval_end = _evaluate(st.eval_engine, st.publisher.wait().full, st.task, cfg, st.tokenizer)
-    team.export_hf(run_dir / "final_model")
+    write_export = team.export_hf(run_dir / "final_model")
     team.stop()
-    summary = _summary(cfg, st, eval_end, wall, reason)
+    distributed.close(team.ranks)  # the other ranks are gone: nothing below is a collective
+    if st.version != st.eval_start:
+        st.server.evaluate(st.version, st.task.eval_prompts(cfg.task.eval_prompts))
+    write_export()
+    evals = {name: _wait_evaluation(cfg, st, v)
+             for name, v in (("start", st.eval_start), ("end", st.version))}
+    if model_scorers(cfg):  # the scorers' share of each round's rewards, scored here
+        for v in {st.eval_start, st.version}:
+            st.server.evaluations.rescore(v, cfg, st.tokenizer)
+        evals = {name: {**st.server.evaluations.result(r["version"]), "where": r["where"]}
+                 for name, r in evals.items()}
+    end = evals["end"]
+    if end["samples"] + end["errors"] < end["prompts"]:  # no actor left: the local fallback
+        evals["end"] = _evaluate_locally(cfg, st, run_dir / "final_model", team.ranks.device)
+    _stop_fleet(st, reason)
+    summary = _summary(cfg, st, evals, wall, reason)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     st.metrics.finish(summary)
     _log_summary(summary)
@@ -320,10 +388,40 @@ def _for_actors(cfg: TetherConfig, pub: Published) -> Published:
     return Published(full=PackedWeights(manifest=notice, buckets=()))
 
 
-def _evaluate(engine, packed: PackedWeights, task, cfg: TetherConfig, tokenizer) -> Evaluation:
-    """Held-out reward of the published weights `packed` (no second gather of the model)."""
-    engine.load_packed(packed.manifest, list(packed.buckets))
-    return held_out(engine, task, cfg, tokenizer)
+def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device) -> dict:
+    """The end round where no actor is left to serve it: the exported model in an HF engine in
+    this process (rank 0 alone, after training; the only time the learner holds an engine)."""
+    from actors.engines.hf import HFEngine
+
+    log.warning("no actor evaluated v%d: evaluating the exported model in this process",
+                st.version)
+    engine = HFEngine(model_dir, device, devices.torch_dtype(cfg.model.dtype, device))
+    engine.version = st.version
+    r = held_out(engine, st.task, cfg, st.tokenizer)
+    return {"version": st.version, "reward": r.reward, "samples": r.prompts - r.errors,
+            "prompts": r.prompts, "errors": r.errors, "reward_failures": r.reward_failures,
+            "sampled_versions": [st.version, st.version], "where": "local"}
+
+
+def _wait_evaluation(cfg: TetherConfig, st: LeadState, version: int) -> dict:
+    """Wait for the actors to finish evaluating `version` (rank 0 alone, after training); gives
+    up when no actor has been connected for transport.peer_timeout_s (then the round reports
+    what arrived)."""
+    alone_since = None
+    while not st.server.evaluations.wait(version, WAIT_LOG_S):
+        if st.server.snapshot()["actors_connected"]:
+            alone_since = None
+        else:
+            alone_since = alone_since or time.monotonic()
+            if time.monotonic() - alone_since > cfg.transport.peer_timeout_s:
+                log.warning("no actor to finish the evaluation of v%d", version)
+                break
+        r = st.server.evaluations.result(version)
+        log.info("evaluation of v%d: %d of %d samples in", version, r["samples"], r["prompts"])
+    r = st.server.evaluations.result(version)
+    log.info("held-out reward at v%d: %s (%d samples, tokens of v%s-v%s)", version, r["reward"],
+             r["samples"], *r["sampled_versions"])
+    return r
 
 
 def _log_summary(summary: dict) -> None:
@@ -451,8 +549,7 @@ def _reuse_ports(cfg: TetherConfig, run_dir: Path) -> None:
             setattr(t, f"{name}_port", int(eps[name].rsplit(":", 1)[1]))
 
 
-def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float,
-             reason: str) -> dict:
+def _summary(cfg: TetherConfig, st: LeadState, evals: dict, wall: float, reason: str) -> dict:
     snap = st.server.snapshot()
     lc, bc = snap["leases"], st.buffer.counts()
     dropped = st.drops.counts()
@@ -461,9 +558,9 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float
                  + scoring.get("groups", 0))
     return {
         "run_id": st.run_id,
-        "eval_reward_start": st.eval_start.reward, "eval_reward_end": eval_end.reward,
-        "eval_errors_start": st.eval_start.errors, "eval_errors_end": eval_end.errors,
-        "steps": st.version,
+        "eval_reward_start": evals["start"]["reward"], "eval_reward_end": evals["end"]["reward"],
+        "eval_errors_start": evals["start"]["errors"], "eval_errors_end": evals["end"]["errors"],
+        "evaluations": evals, "steps": st.version,
         "wall_seconds": round(wall, 2), "end_reason": reason, "max_staleness": cfg.max_staleness,
         "correction": cfg.learner.correction,
         "groups": {"granted": lc["granted"], "consumed": bc["consumed"], "dropped": dropped,
@@ -475,7 +572,6 @@ def _summary(cfg: TetherConfig, st: LeadState, eval_end: Evaluation, wall: float
         "weights_sent_bytes": snap["weights_sent_bytes"],
         "weight_buckets_corrupt": snap["weight_buckets_corrupt"],
         "scoring": scoring,
-        "accounting_ok": accounted == lc["granted"] and (not scoring or scoring["samples"] == (
-            scoring["scored"] + scoring["failed"] + scoring["live"])),
+        "accounting_ok": accounted == lc["granted"] and (not scoring or balanced(scoring)),
         "metrics_summary": st.metrics.summary(),
     }

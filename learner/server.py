@@ -14,6 +14,8 @@ What blocks where:
   * With model scorers (task.scorers), a validated group waits in the scoring desk
     (learner/scoring.py) until every sample is scored; groups there hold buffer room, so the
     trajectory socket is read only while buffer + desk have room (the same backpressure).
+    Actors stream each finished sample there first (SampleDone, on the control socket, read
+    even while the buffer is full): at most one item per sample of an outstanding lease.
   * The weights ROUTER has no send high-water mark: its frames are zero-copy references to
     the immutable buckets of the versions held, so queueing them costs no copies, and a
     ROUTER at its high-water mark would silently drop buckets. Peers pull one bucket per
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import zmq
 
 from buffer.record import TrajGroup
@@ -41,10 +44,11 @@ from buffer.replay import ReplayBuffer
 from configs.run_settings import run_settings
 from configs.schema import TetherConfig, max_completion_tokens, model_scorers
 from learner.algo.advantages import is_uniform
+from learner.evaluate import Evaluations
 from learner.leases import LeaseRecord, LeaseTable
 from learner.rollout_reports import RolloutReports
 from learner.scoring import ScoringDesk
-from learner.validate import InvalidTrajectory, to_group
+from learner.validate import InvalidTrajectory, sample_ids, to_group
 from transport import messages as m
 from transport import security
 from transport import sockets
@@ -55,6 +59,8 @@ from transport.weightsrc.store import Published
 
 log = logging.getLogger(__name__)
 
+EVAL_SEED = 12345
+"""Evaluation leases are seeded from learner.seed + this (the local evaluation's seeds too)."""
 TICK_MS = 100
 """Poll timeout: the longest the loop goes without checking for dead actors."""
 
@@ -97,6 +103,11 @@ class LearnerServer(threading.Thread):
         """What the rollouts of accepted results (kept or dropped as agent_error) reported."""
         self.timeline = None
         """learner/timeline.Timeline, given the actors' time spans when set."""
+        self.evaluations = Evaluations()
+        """Held-out evaluation rounds served by the actors (learner/evaluate.py)."""
+        self.finishing = False
+        """Training ended: trajectories are read whatever the buffer's room (evaluation results
+        must not wait behind training groups nobody will take)."""
         self._commands: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._enc = m.encoder()
@@ -107,7 +118,8 @@ class LearnerServer(threading.Thread):
             self.weights, self.tcfg, is_actor=lambda aid: aid in self.actors,
             reject=self._reject, base=base, nccl=nccl)
         """Offers, buckets, relays (transport/weightsrc/service.py; I/O thread only)."""
-        self.desk = ScoringDesk(cfg, self._send_control) if model_scorers(cfg) else None
+        self.desk = (ScoringDesk(cfg, self._send_control, lambda lid: lid in leases.outstanding)
+                     if model_scorers(cfg) else None)
         """The scorer fleet's broker (None without model scorers: groups go straight to the
         buffer)."""
 
@@ -152,6 +164,16 @@ class LearnerServer(threading.Thread):
         to actors that ask, and a VersionAnnounce to every joined actor. Does not block (the
         I/O thread sends). Called from the learner's packer thread (learner/publisher.py)."""
         self._command(("announce", version, published))
+
+    def evaluate(self, version: int, prompts: list) -> None:
+        """Queue an evaluation of `version` on the held-out `prompts` (one lease each, granted
+        to actors before training work). Does not block; `evaluations.wait(version)` does."""
+        self.evaluations.open(version, len(prompts))
+        self._command(("evaluate", version, prompts))
+
+    def end_training(self) -> None:
+        """Grant no more training leases (evaluation leases only). Does not block."""
+        self._command(("end_training",))
 
     def stop(self, reason: str) -> None:
         """Tell every actor to shut down, close the sockets, end the thread."""
@@ -219,7 +241,7 @@ class LearnerServer(threading.Thread):
         stopping: str | None = None
         next_expiry = 0.0
         while stopping is None:
-            want = self._room() > 0
+            want = self._room() > 0 or self.finishing
             if want != reading_trajectories:
                 if want:
                     poller.register(self.trajectory, zmq.POLLIN)
@@ -262,7 +284,7 @@ class LearnerServer(threading.Thread):
         the valid ones to the buffer together: one lock and one wake-up of the trainer per
         batch. Frames are not copied: msgspec decodes straight from ZeroMQ's buffer."""
         groups = []
-        for _ in range(min(limit, self._room())):
+        for _ in range(limit if self.finishing else min(limit, self._room())):
             try:
                 frames = self.trajectory.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -270,13 +292,22 @@ class LearnerServer(threading.Thread):
             group = self._on_trajectory(frames)
             if group is not None:
                 groups.append(group)
+        self._put(groups)
+
+    def _put(self, groups: list[TrajGroup]) -> None:
+        """Into the buffer; while finishing (trajectories read whatever the room), those that do
+        not fit are dropped as after_end: nobody trains on them any more."""
+        room = self.buffer.room()
+        if len(groups) > room:
+            self.leases.drops.add(DropReason.AFTER_END, len(groups) - room)
+            groups = groups[:room]
         self.buffer.put_many(groups)
 
     def _take_scored(self) -> None:
         """Groups whose every sample is scored: counted, and kept (or dropped as uniform)."""
         groups = [g for w in self.desk.take_finished()
                   if (g := self._keep(w.msg, w.rec, w.group)) is not None]
-        self.buffer.put_many(groups)
+        self._put(groups)
 
     def _run_commands(self) -> str | None:
         while True:
@@ -291,6 +322,11 @@ class LearnerServer(threading.Thread):
                     news = self._enc.encode(m.VersionAnnounce(version=version))
                     for st in self.actors.values():
                         self.control.send_multipart([st.identity, news], zmq.NOBLOCK)
+                case ("evaluate", version, prompts):
+                    self.leases.add_eval(version, prompts)
+                case ("end_training",):
+                    self.leases.close_training()
+                    self.finishing = True
                 case ("stop", reason):
                     return reason
 
@@ -341,7 +377,7 @@ class LearnerServer(threading.Thread):
                 self._on_hello(identity, msg)
             case m.ScorerHello() | m.ScorerHeartbeat() | m.ScoreDone():
                 self._on_scorer(identity, msg)
-            case m.WorkRequest() | m.Heartbeat() | m.Goodbye():
+            case m.WorkRequest() | m.Heartbeat() | m.Goodbye() | m.SampleDone():
                 st = self.actors.get(msg.actor_id)
                 if st is None or st.identity != identity:
                     self._reject("not_registered", f"actor {msg.actor_id!r} must send Hello first",
@@ -411,6 +447,37 @@ class LearnerServer(threading.Thread):
                 self.leases.expire_actor(aid)
                 del self.actors[aid]
                 log.info("actor %s left; %d connected", aid, len(self.actors))
+            case m.SampleDone():
+                self._on_sample_done(msg)
+
+    def _on_sample_done(self, msg: m.SampleDone) -> None:
+        """A streamed sample to score (learner/scoring.py); its lease's group comes later."""
+        if self.desk is None:
+            self._reject("no_scorers", f"sample_done from {msg.actor_id!r}: this run has no "
+                         "model scorers (task.scorers)")
+            return
+        if msg.lease_id in self.leases.evaluating:
+            return  # evaluation rollouts are scored at the run's end (learner/evaluate.py)
+        rec = self.leases.outstanding.get(msg.lease_id)
+        if rec is None or rec.actor_id != msg.actor_id:
+            if self.leases.is_closed(msg.lease_id) or self.leases.is_void(msg.lease_id):
+                self.desk.stream_late()  # its group arrived first, or the lease ended (or an
+                # evaluation lease's result arrived before this)
+            else:
+                self._reject("unknown_lease", f"sample_done: lease {msg.lease_id} is not "
+                             f"outstanding for {msg.actor_id!r}")
+            return
+        if not 0 <= msg.sample_index < rec.num_samples:
+            self._reject("invalid_sample", f"sample_done: lease {msg.lease_id} has no sample "
+                         f"{msg.sample_index}")
+            return
+        try:
+            ids = sample_ids(msg.completion_ids, self.vocab_size, max_completion_tokens(self.cfg))
+        except InvalidTrajectory as e:
+            self._reject("invalid_sample", f"sample_done: lease {msg.lease_id} sample "
+                         f"{msg.sample_index}: {e}")
+            return
+        self.desk.stream(rec, msg.sample_index, ids)
 
     def _on_scorer(self, identity: bytes, msg) -> None:
         if self.desk is None:
@@ -465,9 +532,10 @@ class LearnerServer(threading.Thread):
 
     def _lease_msg(self, r: LeaseRecord) -> m.Lease:
         task = self.cfg.task
+        seed = self.cfg.learner.seed + (EVAL_SEED if r.eval_version is not None else 0)
         return m.Lease(lease_id=r.lease_id, prompt_id=r.prompt.prompt_id,
                        prompt_ids=m.Array.from_numpy(r.prompt.token_ids), num_samples=r.num_samples,
-                       min_version=r.min_version, seed=self.cfg.learner.seed,
+                       min_version=r.min_version, seed=seed,
                        max_new_tokens=task.max_new_tokens, temperature=task.temperature,
                        meta=r.prompt.meta)
 
@@ -506,6 +574,9 @@ class LearnerServer(threading.Thread):
             return None
         if st := self.actors.get(msg.actor_id):
             st.last_seen = time.monotonic()
+        if rec.eval_version is not None:
+            self._on_eval_result(msg, rec)
+            return None
         errors = [s.error for s in msg.samples if s.error]
         if errors:
             log.warning("lease %d: agent error on actor %s: %s", rec.lease_id, rec.actor_id,
@@ -521,7 +592,10 @@ class LearnerServer(threading.Thread):
             self._reject("invalid_trajectory", f"lease {rec.lease_id}: {e}")
             return None
         if self.desk is not None:  # to the buffer once every sample is scored (_take_scored)
-            self.desk.add(msg, rec, group)
+            problem = self.desk.add(msg, rec, group)
+            if problem:
+                self.leases.drop(rec, DropReason.INVALID)
+                self._reject("invalid_trajectory", problem)
             return None
         return self._keep(msg, rec, group)
 
@@ -532,6 +606,27 @@ class LearnerServer(threading.Thread):
             self.leases.drop(rec, DropReason.UNIFORM)  # frees capacity: another lease refills it
             return None
         return group
+
+    def _on_eval_result(self, msg: m.GroupResult, rec: LeaseRecord) -> None:
+        """Record an evaluation lease's sample (validated like training results; an agent error
+        or an invalid result scores 0 and is counted)."""
+        error = any(s.error for s in msg.samples)
+        versions = np.zeros(0, np.int32)
+        reward, item = 0.0, None
+        if not error:
+            try:
+                group = to_group(msg, rec, self.vocab_size, self.version,
+                                 max_tokens=max_completion_tokens(self.cfg))
+                reward = float(group.rewards[0])
+                versions = np.concatenate(group.versions)
+                item = (rec.prompt, np.array(group.completions[0]))
+            except InvalidTrajectory as e:
+                self._reject("invalid_trajectory", f"evaluation lease {rec.lease_id}: {e}")
+                error = True
+        failed = any(smp.scores.get(k) for smp in msg.samples
+                     for k in ("reward_error", "reward_timeout"))
+        self.evaluations.record(rec.eval_version, rec.lease_id, reward, versions, error, item,
+                                failed)
 
 def _model_files(model_dir: Path, limit: int = 16 * 1024 * 1024) -> dict[str, bytes]:
     """The small non-weight files of an HF model directory (config, tokenizer)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from buffer.record import TOKEN_FIELDS, TokenField, TrajGroup
 from learner.leases import LeaseRecord
-from transport.messages import FINISH_REASONS, GroupResult
+from transport.messages import FINISH_REASONS, Array, GroupResult
 
 CLEAN_ENDS = ("", *(r for r in FINISH_REASONS if r != "error"))
 """`Sample.finish` values a trajectory without an error may carry."""
@@ -167,3 +167,22 @@ def _first_bad_value(ids, lps, vers, masks, vocab_size: int, min_version: int,
         if bad.any():
             return int(np.argmax(bad)), problem
     raise AssertionError("_values_ok and _first_bad_value disagree")
+
+
+def sample_ids(a: Array, vocab_size: int, max_tokens: int) -> np.ndarray:
+    """A streamed sample's completion ids (transport/messages.py SampleDone), checked as a
+    GroupResult's are: 1-D integers, 1..max_tokens of them, inside the vocabulary. Raises
+    InvalidTrajectory naming the problem."""
+    try:
+        ids = a.to_numpy()
+    except ValueError as e:
+        raise InvalidTrajectory(f"completion_ids: {e}") from e
+    if ids.dtype.kind not in "iu" or ids.ndim != 1:
+        raise InvalidTrajectory(f"completion_ids must be a 1-D integer array, got {a.dtype} "
+                                f"of shape {a.shape}")
+    if not 1 <= len(ids) <= max_tokens:
+        raise InvalidTrajectory(f"{len(ids)} completion ids, not in 1..{max_tokens} (the token "
+                                "limit)")
+    if not _unsigned(ids).max() < vocab_size:
+        raise InvalidTrajectory(f"token id outside vocabulary [0, {vocab_size})")
+    return ids

@@ -27,10 +27,11 @@ def without_tied(named: Iterable[tuple[str, object]], tied: bool) -> Iterator[tu
             yield name, t
 
 
-def load_state(model, state: dict, what: str) -> None:
+def load_state(model, state: dict, what: str, assign: bool = False) -> None:
     """Load `state` into an HF model (the head may be missing: tied models re-tie it); any
-    other missing or unexpected key is a ValueError naming `what`."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    other missing or unexpected key is a ValueError naming `what`. `assign`: the parameters
+    become `state`'s tensors themselves (no copy)."""
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
     tied = model.config.tie_word_embeddings
     if unexpected or [k for k in missing if not (tied and k == HEAD)]:
         raise ValueError(f"{what} does not match the model: missing {missing}, "

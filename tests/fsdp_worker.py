@@ -95,10 +95,12 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 
 
 def make(cfg, ranks):
+    from models.devices import torch_dtype
+
     cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
     L = cfg.learner
     backend = make_backend(L.backend, Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
-                           ranks.device, lora=L.lora,
+                           ranks.device, torch_dtype(cfg.model.dtype), lora=L.lora,
                            activation_checkpointing=L.activation_checkpointing)
     return backend, Trainer(cfg, backend, pad_id=0,
                             models=distributed.make_models(cfg, ranks, backend))
@@ -158,6 +160,20 @@ def train(out: Path, model_dir: Path, ranks) -> None:
     if ranks.rank == 0:
         (out / "train_metrics.json").write_text(json.dumps(rows))
     train_algos(out, model_dir, ranks)
+    train_bf16(out, model_dir, ranks)
+
+
+BF16_OVERRIDES = ["model.dtype=bfloat16"]
+"""The N-step run in bf16: FSDP2's MixedPrecisionPolicy (bf16 params in compute, fp32 shards and
+gradient reduction) against the single process's bf16 autocast."""
+
+
+def train_bf16(out: Path, model_dir: Path, ranks) -> None:
+    """STEPS steps in bfloat16: the weights at the end and the metric rows."""
+    backend, _, rows = _steps(config(model_dir, *BF16_OVERRIDES), ranks, out / "bf16_ckpt")
+    write(out, "bf16_final.safetensors", dict(backend.named_full_tensors()))
+    if ranks.rank == 0:
+        (out / "bf16_metrics.json").write_text(json.dumps(rows))
 
 
 def _steps(cfg, ranks, ckpt: Path, each=None, with_models: bool = False):

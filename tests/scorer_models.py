@@ -1,13 +1,16 @@
 """Small scorer models and a named fake endpoint, built in the tests' set-up (no hub).
 
 `build_seven_classifier` trains a tiny HF sequence classifier (Qwen2ForSequenceClassification,
-~130k parameters, the toy task's word-level tokenizer) to prefer completions of the reversal
+216k parameters, the toy task's word-level tokenizer) to prefer completions of the reversal
 task that contain the digit 7: label 1 iff the completion has a 7, so its probability of label
 `has7` is the score. Seeded; a few CPU-seconds.
 
 `FakeOpenAIJudge` is a small fake OpenAI-compatible chat-completions server (aiohttp, on
 127.0.0.1): it answers "Score: N" where N is the number of 7s in the answer it is asked to rate
 times 5, holds each request `delay_s`, and records how many requests were in flight at once.
+
+`verdict` is a judge parser (`parser: tests/scorer_models.py:verdict`) for a small judge's
+"1" / "0" / "The answer is (in)correct." answers.
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ def build_seven_classifier(path: Path, seed: int = 0, steps: int = 300) -> float
     from models.tiny import build_tokenizer
 
     tok = build_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=32,
-                         intermediate_size=128, max_position_embeddings=64, num_labels=2,
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                         intermediate_size=384, max_position_embeddings=64, num_labels=2,
                          id2label={0: "no7", 1: "has7"}, label2id={"no7": 0, "has7": 1},
                          pad_token_id=tok.pad_token_id, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
@@ -145,3 +148,14 @@ class FakeOpenAIJudge:
                                                                "content": text}}]})
         finally:
             self.active -= 1
+
+
+def verdict(text: str) -> float:
+    """A judge's verdict as a score, by its first verdict word: "correct" or a lone 1 -> 1,
+    "incorrect", "not correct" or a lone 0 -> 0, none -> NaN (unparsed). SmolLM2-135M-Instruct,
+    asked to reply 1 or 0, answers "1. The answer is correct" or "The answer is 1."; asked for
+    a 0-10 rating, it echoes a digit of the question ("The answer is 4.")."""
+    m = re.search(r"\b(incorrect|not correct|correct|[01])\b", text, re.IGNORECASE)
+    if m is None:
+        return float("nan")
+    return 1.0 if m.group(1).lower() in ("correct", "1") else 0.0

@@ -32,9 +32,15 @@ def test_bad_device_or_dtype_is_a_config_error_naming_the_field(key, value):
 
 
 def test_defaults_keep_the_cpu_float32_path():
+    """model.dtype defaults to auto: float32 on the CPU (the path unchanged), bfloat16 on CUDA;
+    a stated dtype is kept on either."""
     cfg = load_config(procs.PRESET, [])
-    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.engine.device) == ("float32", "auto", "auto")
-    assert isinstance(devices.compute(torch.device("cpu"), torch.float32),
+    assert (cfg.model.dtype, cfg.learner.device, cfg.actors.engine.device) == ("auto", "auto", "auto")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert devices.torch_dtype(cfg.model.dtype, cpu) == torch.float32
+    assert devices.resolve_dtype("auto", gpu) == "bfloat16"
+    assert devices.resolve_dtype("float32", gpu) == "float32"
+    assert isinstance(devices.compute(cpu, devices.torch_dtype(cfg.model.dtype)),
                       contextlib.nullcontext)
 
 

@@ -177,3 +177,29 @@ def test_sampling_logprobs_skip_the_extra_pass_and_agree_to_rounding(engine, tin
     # one bucket (equal prompt lengths): the prompt, then one token a call; the default adds a
     # pass over prompt + max_new_tokens
     assert calls[0] == len(PROMPT) and set(calls[1:]) == {1} and len(calls) <= 6, calls
+
+
+def test_borrowed_weights_are_the_buckets_themselves_and_sample_as_a_copy_does(tiny_model_dir):
+    """The learner's evaluation engine borrows the published buckets (no copy of the model):
+    the same samples and logprobs as loaded weights; released, it holds no storage at all."""
+    backend = SingleProcessBackend(tiny_model_dir, lr=1e-3, weight_decay=0.0, seed=0)
+    with torch.no_grad():
+        for p in backend.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    packed = pack(backend.state_dict(), version=3, bucket_bytes=64 * 1024)
+    loaded = HFEngine(tiny_model_dir)
+    loaded.load_packed(packed.manifest, list(packed.buckets))
+    borrowed = HFEngine(tiny_model_dir)
+    borrowed.release_weights()
+    assert all(p.is_meta for p in borrowed.model.parameters())
+    borrowed.borrow_packed(packed.manifest, list(packed.buckets))
+    spans = [(a, a + len(b)) for b in packed.buckets
+             for a in [np.frombuffer(b, np.uint8).ctypes.data]]
+    for p in borrowed.model.parameters():  # every parameter lies inside a published bucket
+        assert any(a <= p.data_ptr() < b for a, b in spans)
+    a, b = loaded.generate([_req(PROMPT, 1)])[0], borrowed.generate([_req(PROMPT, 1)])[0]
+    assert a.versions.tolist() == b.versions.tolist() == [3] * len(a.token_ids)
+    np.testing.assert_array_equal(a.token_ids, b.token_ids)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    borrowed.release_weights()
+    assert all(p.is_meta for p in borrowed.model.parameters())

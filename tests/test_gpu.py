@@ -20,7 +20,10 @@ import torch
 
 import procs
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
+pytestmark = [pytest.mark.gpu]
+vllm = pytest.mark.vllm
+"""The tests that need vLLM; the others run on the lent GPU machine, which has none
+(scripts/device_check.sh runs `pytest -m "gpu and not vllm"`)."""
 DEVICE = "cuda"
 FP32_TOL = 1e-3
 """Engine vs learner logprobs in float32: the same contract as on CPU (tests/test_vllm.py)."""
@@ -94,6 +97,7 @@ def _gaps(backend, prompts, outs) -> np.ndarray:
     return np.concatenate(out)
 
 
+@vllm
 def test_vllm_cuda_logprobs_match_learner_fp32(engine, tiny_model_dir):
     backend = _backend(tiny_model_dir)
     _load(engine, dict(backend.named_full_tensors()), 1)
@@ -104,6 +108,7 @@ def test_vllm_cuda_logprobs_match_learner_fp32(engine, tiny_model_dir):
     assert gap.size > 0 and gap.max() < FP32_TOL
 
 
+@vllm
 def test_vllm_cuda_logprobs_match_learner_bf16(tiny_model_dir):
     model = Path(os.environ.get("TETHER_GPU_MODEL") or tiny_model_dir)
     backend = _backend(model, torch.bfloat16)
@@ -119,6 +124,7 @@ def test_vllm_cuda_logprobs_match_learner_bf16(tiny_model_dir):
     assert gap.size > 0 and gap.mean() < BF16_MEAN_TOL
 
 
+@vllm
 def test_learner_to_vllm_weight_path_on_cuda(engine, tiny_model_dir):
     """A real optimizer step on the CUDA learner, published as buckets, loaded by vLLM on
     CUDA: the engine samples with the new version and its logprobs match the new weights."""
@@ -135,6 +141,7 @@ def test_learner_to_vllm_weight_path_on_cuda(engine, tiny_model_dir):
     assert before.max() < FP32_TOL and after.max() < FP32_TOL
 
 
+@vllm
 def test_inflight_keep_update_on_cuda(engine, tiny_model_dir):
     """Weights B land while samples from A run: some samples hold both versions, and each
     token's logprob matches the weights of the version that sampled it."""
@@ -185,6 +192,16 @@ def test_fsdp2_nccl_one_rank_equals_single_process(tmp_path, tiny_model_dir):
     got = json.loads((tmp_path / "fsdp_vs_single.json").read_text())
     assert got["process_group"] == "nccl" and got["device"].startswith("cuda"), got
     assert got["max_weight_diff"] <= 1e-5 and got["moved"] > 1e-3, got
+
+
+def test_auto_dtype_is_bf16_and_tf32_is_on_for_the_cuda_learner():
+    """model.dtype auto resolves to bfloat16 on CUDA, and the learner's fp32 matmuls use TF32."""
+    from models import devices
+
+    dev = devices.resolve_device("auto", "learner.device")
+    assert dev.type == "cuda" and devices.resolve_dtype("auto", dev) == "bfloat16"
+    devices.enable_tf32(dev)
+    assert torch.get_float32_matmul_precision() == "high"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per process: the "

@@ -56,6 +56,26 @@ def test_a_client_that_re_serialises_what_it_sends_back_gets_the_same_trajectory
     as_learner_receives(compact)  # and the learner takes it
 
 
+def test_a_client_may_leave_out_an_empty_answer():
+    """pydantic-ai sends the conversation back without an answer that had no content and no
+    tool calls (then asks again): that was refused as `messages[3].role differs`. The empty
+    turn's tokens stay in the trajectory."""
+    seen = []
+
+    async def agent(base_url, messages):
+        async with client(base_url) as c:
+            r = await c.chat.completions.create(model="tether", messages=messages, tools=TOOLS)
+            assert r.choices[0].message.content == ""
+            again = [*messages, {"role": "user", "content": "Please answer."}]
+            seen.append(await c.chat.completions.create(model="tether", messages=again,
+                                                        tools=TOOLS))
+
+    r = run_agent(agent, ScriptedLLM(["", ANSWER]))
+    assert seen[0].choices[0].message.content == ANSWER and r.reward == 1.0
+    assert CHAT.text(r.completion_ids).endswith(ANSWER) and r.loss_mask[0] == 1
+    as_learner_receives(r)
+
+
 def test_a_changed_message_is_refused_naming_the_message_and_the_field():
     ep = endpoint()
     prompt = CHAT.prompt_messages(task().prompt_ids, TOOLS)

@@ -62,6 +62,11 @@ UNREAD = {"gsm8k_qwen_vllm.yaml": {"actors.max_total_tokens": 1024}}
 read; the kind's section no longer exists to hold it."""
 
 
+ON_CPU = {"actors.engine.enforce_eager": {None: True}}
+"""Defaults that issue 40 made depend on the device, with what they resolve to on the CPU (the
+snapshot's machine): vLLM's enforce_eager null = true on CPU, false on GPU (CUDA graphs)."""
+
+
 @pytest.mark.parametrize("name", sorted(BEFORE))
 def test_stripped_preset_resolves_as_before(name):
     now = _leaves(to_dict(load_config(ROOT / "configs" / name)))
@@ -76,6 +81,7 @@ def test_stripped_preset_resolves_as_before(name):
             now_v = _default(section, key.rpartition(".")[2])
         else:
             now_v = now.get(key, "missing")
+        now_v = ON_CPU.get(key, {}).get(now_v, now_v)
         if now_v != v or type(now_v) is not type(v):
             changed[old] = (v, now_v)
     assert not changed and not unread, (changed, unread)
@@ -195,3 +201,43 @@ def test_run_sh_stops_on_a_bad_preset_before_installing(args, message):
     r = _needs(*args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith(message), r.stderr
+
+
+GPU_PRESETS = [p for p in PRESETS if load_config(p).placement.gpus_per_node]
+"""Presets for GPU nodes: those that state the node's GPUs."""
+
+
+def test_gpu_presets_state_placement_sizes_and_bf16():
+    names = {p.name for p in GPU_PRESETS}
+    assert {"gsm8k_qwen_vllm.yaml", "gsm8k_qwen_sglang.yaml", "gsm8k_qwen7b_1node.yaml",
+            "gsm8k_qwen7b_2nodes.yaml"} <= names, names
+    for p in GPU_PRESETS:
+        cfg = load_config(p)  # validates, placement included
+        E = cfg.actors.engine
+        assert cfg.model.dtype == "bfloat16" and cfg.placement.learner != "auto", p.name
+        if E.kind == "vllm":
+            assert E.max_model_len > 0 and not E.enforce_eager, p.name
+        else:
+            assert E.kind == "sglang" and E.mem_fraction_static > 0, p.name
+
+
+def test_qwen7b_presets_place_and_fit():
+    """One node: learner GPUs 0-3, vLLM actors on 4-5 and 6-7; two nodes: the learner on all 8
+    of its node, no local actor. Each learner rank's predicted step peak (models/sizing.py, the
+    preset's rows per rank, prompts of <= 256 tokens) fits an 80 GB GPU with 10 % to spare."""
+    from configs.placement import plan
+    from configs.schema import engine_gpus
+    from models import sizing
+
+    for name, ranks, want in (("gsm8k_qwen7b_1node.yaml", 4, ((4, 5), (6, 7))),
+                              ("gsm8k_qwen7b_2nodes.yaml", 8, ())):
+        cfg = load_config(ROOT / "configs" / name)
+        P, L = cfg.placement, cfg.learner
+        placed = plan(P.gpus_per_node, ranks, P.learner, cfg.actors.num_local,
+                      engine_gpus(cfg, P.gpus_per_node), P.actors)
+        assert placed.learner == tuple((g,) for g in range(ranks)) and placed.actors == want
+        assert cfg.actors.engine.tensor_parallel_size == 2 and L.backend.kind == "fsdp2"
+        rows = L.prompts_per_step * L.group_size // L.minibatches // ranks
+        peak = sizing.step_peak_bytes(sizing.QWEN25_7B, rows, 256 + cfg.task.max_new_tokens,
+                                      ranks=ranks)
+        assert rows >= 1 and peak <= 0.9 * 80e9, (name, rows, peak / 2**30)

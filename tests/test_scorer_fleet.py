@@ -8,7 +8,7 @@ import signal
 import pytest
 
 import procs
-from scorer_models import build_seven_classifier
+from scorer_models import FakeOpenAIJudge, build_seven_classifier
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,9 @@ def test_classifier_reward_learns_with_a_scorer_killed_mid_run(tmp_path, tiny_mo
     (the learner picks the less loaded scorer, A before B on a tie), is declared dead, its
     batches go to scorer B, and A is SIGKILLed. The run finishes,
     the accounting balances, and every sample that reached the learner is scored exactly once
-    (scored + failed + live = samples, where live are the samples of the groups still being
-    scored when the run ended, counted as `groups.scoring`; the learner's score sums agree)."""
+    (the actor streams each sample as it ends: samples = scored + failed + live + discarded, and
+    scored + failed = delivered + held + wasted, where live and held are the samples still at the
+    scoring desk when the run ended; the learner's score sums cover exactly the delivered ones)."""
     run = tmp_path / "run"
     lp = procs.learner(
         run, tiny_model_dir, "actors.num_local=1", "scoring.num_local=0",
@@ -63,16 +64,48 @@ def test_classifier_reward_learns_with_a_scorer_killed_mid_run(tmp_path, tiny_mo
     assert s["eval_reward_end"] >= 0.8 and s["eval_reward_end"] > s["eval_reward_start"] + 0.2, \
         procs.learning_curve(run, every=1)
     sc, g = s["scoring"], s["groups"]
-    assert sc["samples"] == sc["scored"] + sc["failed"] + sc["live"], sc
+    assert sc["samples"] == sc["scored"] + sc["failed"] + sc["live"] + sc["discarded"], sc
+    assert sc["scored"] + sc["failed"] == sc["delivered"] + sc["held"] + sc["wasted"], sc
     assert sc["failed"] == 0 and sc["scored"] > 0, sc  # B took over A's batches in time
     assert sc["reassigned"] >= 1, sc
-    assert g["scoring"] * 8 == sc["live"] and s["accounting_ok"]
-    trained_or_buffered = (g["consumed"] + g["in_buffer"] + sum(g["dropped"].values())
-                           - g["dropped"].get("expired", 0) - g["dropped"].get("stale", 0))
-    assert sc["samples"] >= trained_or_buffered * 8
-    # the learner's sums of the samples' scores: each sample scored once, flag 0
+    assert sc["discarded"] == sc["wasted"] == 0, sc  # no lease ended without its group
+    assert sc["streamed"] > 0 and sc["streamed"] <= sc["samples"], sc  # samples came as they ended
+    assert s["accounting_ok"]
+    # groups that left the desk: trained, buffered, or dropped from the buffer (stale, uniform)
+    delivered = (g["consumed"] + g["in_buffer"] + g["dropped"].get("stale", 0)
+                 + g["dropped"].get("uniform", 0))
+    assert sc["delivered"] == delivered * 8 and g["scoring"] * 8 <= sc["live"] + sc["held"], (sc, g)
+    # the learner's sums of the samples' scores: each delivered sample scored once, flag 0
     rs = s["reward_scores"]
-    assert rs["samples"] == sc["samples"] - 8 * g["scoring"] and rs.get("reward_failed", 0) == 0, rs
+    assert rs["samples"] == sc["delivered"] and rs.get("reward_failed", 0) == 0, rs
     rows = procs.metrics(run)
     assert any(r.get("scorer_samples_per_s", 0) > 0 for r in rows)
     assert all(0 <= r.get("scorer_busy_frac", 0) <= 1 for r in rows)
+
+
+def test_remote_judge_scores_a_training_run_with_bounded_concurrency(tmp_path, tiny_model_dir):
+    """A `kind: remote` judge (the named fake OpenAI-compatible server, tests/scorer_models.py,
+    which answers 5 x the number of 7s of the answer, out of 10) is the only reward of a short
+    run, in one process (transport.kind=inproc: learner, actor and scorer threads). Its requests
+    never exceed max_concurrency, every sample is scored once, and each step's reward is the
+    judge's mean score."""
+    run = tmp_path / "run"
+    with FakeOpenAIJudge(delay_s=0.02) as judge:
+        s, _ = procs.run_inproc(
+            run, tiny_model_dir, "actors.num_local=1", "scoring.num_local=1",
+            f"task.scorers=[{{kind: remote, name: gpt, base_url: '{judge.base_url}', "
+            "max_concurrency: 2, weight: 2.0}]", "scoring.max_wait_s=0.01",
+            "learner.max_steps=3", "learner.prompts_per_step=4", "learner.group_size=4",
+            "task.eval_prompts=0", "max_staleness=0", "learner.log_every=1",
+            "learner.checkpoint_every=0")
+    sc, rs = s["scoring"], s["reward_scores"]
+    print(f"remote judge: {sc}, {judge.requests} requests, at most {judge.max_active} at once")
+    assert s["steps"] == 3 and s["accounting_ok"] and s["rejected_messages"] == {}, s
+    assert judge.max_active == 2  # the limit was reached (16 samples a batch), never passed
+    assert sc["failed"] == sc["discarded"] == sc["wasted"] == sc["reassigned"] == 0, sc
+    assert sc["delivered"] >= 3 * 16 and rs["samples"] == sc["delivered"], (sc, rs)
+    # one request per scored sample (no evaluation: the scorer is the judge's only client); a
+    # batch still at the scorer when the run ended may have asked for some of its live samples
+    assert sc["scored"] <= judge.requests <= sc["scored"] + sc["live"], sc
+    for row in procs.metrics(run):  # eta = 0: each step trains on the groups it logged
+        assert row["reward_mean"] == pytest.approx(2.0 * row["score_gpt"], abs=1e-6), row

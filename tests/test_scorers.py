@@ -13,7 +13,7 @@ import pytest
 
 from configs.loader import load_config
 from learner.leases import LeaseRecord
-from learner.scoring import ScoringDesk
+from learner.scoring import ScoringDesk, balanced
 from scorer_models import FakeOpenAIJudge, build_seven_classifier
 from tasks.base import Prompt
 from transport import messages as m
@@ -32,7 +32,9 @@ def _desk(**scoring):
                              "weight: 2.0}]", "transport.peer_timeout_s=5",
                              *[f"scoring.{k}={v}" for k, v in scoring.items()]])
     sent, clock = [], Clock()
-    desk = ScoringDesk(cfg, lambda ident, msg: sent.append((ident, msg)), now=clock)
+    desk = ScoringDesk(cfg, lambda ident, msg: sent.append((ident, msg)),
+                       lambda lease_id: lease_id in desk.leases_outstanding, now=clock)
+    desk.leases_outstanding = set()  # what the lease table would say
     return desk, sent, clock
 
 
@@ -108,6 +110,7 @@ def test_desk_gives_a_dead_scorers_batches_to_another_and_ignores_its_late_answe
     assert w.msg.samples[0].scores["j_unparsed"] == 1.0
     snap = desk.snapshot()
     assert snap["samples"] == snap["scored"] + snap["failed"] + snap["live"] == 2
+    assert snap["delivered"] == 2 and balanced(snap)
 
 
 def test_desk_fails_unscored_samples_at_the_deadline_and_refuses_malformed_answers():
@@ -130,10 +133,79 @@ def test_desk_fails_unscored_samples_at_the_deadline_and_refuses_malformed_answe
     desk.tick()
     [w] = desk.take_finished()
     assert all(s.scores == {"j": 0.0, "reward_failed": 1.0} for s in w.msg.samples)
-    assert desk.snapshot()["failed"] == 2 and not desk.items
+    assert desk.snapshot()["failed"] == 2 and not desk.items and balanced(desk.snapshot())
     desk.on_done(m.ScoreDone(scorer_id="A", batch_id=batch.batch_id,
                              results=[m.ItemScores(i.item_id, {"j": 1.0}) for i in batch.items]))
     assert desk.counts["scored"] == 0  # too late: each sample counted once, as failed
+
+
+def _answer(desk, scorer: str, batch, value) -> None:
+    assert desk.on_done(m.ScoreDone(scorer_id=scorer, batch_id=batch.batch_id, results=[
+        m.ItemScores(i.item_id, {"j": value(i)}) for i in batch.items])) == ""
+
+
+def test_desk_scores_streamed_samples_before_their_group_arrives():
+    """Samples streamed as their rollouts end are scored across groups while the groups are
+    still generated; a group whose samples are all scored goes on as it arrives, one still
+    being scored waits; a sample streamed after its group is not scored twice."""
+    desk, sent, clock = _desk(batch_size=2, max_wait_s=0)
+    _hello(desk, "A")
+    (g1, r1, t1), (g2, r2, t2) = _group(1), _group(2)
+    desk.leases_outstanding |= {1, 2}
+    desk.stream(r1, 1, np.array([7, 7], np.int32))
+    desk.stream(r2, 0, np.array([6, 7], np.int32))
+    desk.stream(r1, 1, np.array([7, 7], np.int32))  # a second copy: ignored
+    desk.tick()
+    [(_, batch)] = sent  # two leases' samples in one batch, before either group arrived
+    assert [(desk.items[i.item_id].lease_id, i.completion_ids.to_numpy().tolist())
+            for i in batch.items] == [(1, [7, 7]), (2, [6, 7])]
+    _answer(desk, "A", batch, lambda i: 0.5)
+    desk.stream(r1, 0, np.array([6, 7], np.int32))
+    desk.tick()
+    _answer(desk, "A", sent[-1][1], lambda i: 1.0)
+    assert desk.take_finished() == [] and desk.snapshot()["held"] == 3
+    assert desk.add(g1, r1, t1) == ""  # every sample already scored: finished at once
+    assert desk.counts["early"] == 2
+    [w] = desk.take_finished()
+    assert [s.reward for s in w.msg.samples] == [0.5 + 2.0, 0.5 + 2.0 * 0.5]
+    assert desk.add(g2, r2, t2) == ""  # sample 1 was never streamed: queued from the group
+    desk.tick()
+    assert [i.completion_ids.to_numpy().tolist() for i in sent[-1][1].items] == [[7, 7]]
+    _answer(desk, "A", sent[-1][1], lambda i: 0.0)
+    [w] = desk.take_finished()
+    assert w.group.rewards.tolist() == [0.5 + 2.0 * 0.5, 0.5]
+    desk.stream_late()  # (the server's count of a SampleDone whose lease had closed)
+    snap = desk.snapshot()
+    assert (snap["samples"], snap["streamed"], snap["scored"], snap["delivered"],
+            snap["stream_late"], snap["live"], snap["held"]) == (4, 3, 4, 4, 2, 0, 0)
+    assert balanced(snap)
+
+
+def test_desk_drops_streamed_samples_of_a_lease_without_its_group():
+    """A lease that ends without its group (actor dead, agent error): its streamed samples are
+    dropped, scored (`wasted`) or not (`discarded`), and a late answer for them is ignored. A
+    group whose ids differ from the streamed ones is refused."""
+    desk, sent, clock = _desk(batch_size=1, max_wait_s=0, in_flight=1)
+    _hello(desk, "A")
+    (g1, r1, t1), (g2, r2, t2) = _group(1), _group(2)
+    desk.leases_outstanding |= {1, 2}
+    desk.stream(r1, 0, np.array([6, 7], np.int32))
+    desk.stream(r1, 1, np.array([7, 7], np.int32))
+    desk.tick()
+    first = sent[-1][1]
+    _answer(desk, "A", first, lambda i: 1.0)
+    desk.tick()
+    second = sent[-1][1]  # sample 1, at the scorer
+    desk.leases_outstanding.discard(1)  # lease 1 expired
+    desk.tick()
+    snap = desk.snapshot()
+    assert (snap["wasted"], snap["discarded"], snap["streaming"]) == (1, 1, 0) and not desk.items
+    _answer(desk, "A", second, lambda i: 1.0)
+    assert desk.counts["late"] == 1 and desk.counts["scored"] == 1
+    desk.stream(r2, 0, np.array([6, 6], np.int32))  # not what the group will say
+    assert "sample 0's completion differs" in desk.add(g2, r2, t2)
+    snap = desk.snapshot()
+    assert not desk.items and len(desk) == 0 and snap["discarded"] == 2 and balanced(snap)
 
 
 def test_rule_and_model_rewards_mix_by_weight(tmp_path):

@@ -6,7 +6,8 @@ get defaults and go at the end; `PROTOCOL_VERSION` is checked in the `Hello` han
 
 Channels (learner binds, actors connect):
 
-    control     actor DEALER  <->  learner ROUTER   Hello, WorkRequest, Heartbeat, Goodbye
+    control     actor DEALER  <->  learner ROUTER   Hello, WorkRequest, Heartbeat, Goodbye,
+                                                     SampleDone (runs with model scorers)
                                                      -> Welcome, Reject, LeaseGrant, HeartbeatAck,
                                                         VersionAnnounce, Shutdown
     trajectory  actor PUSH     ->  learner PULL     GroupResult
@@ -32,16 +33,17 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
 and Welcome.leases_kept (which leases survive a learner restart). 6: the scorer fleet (ScorerHello,
 ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7: Welcome.run_settings
-(the learner's task, agent, reward and sampling settings, which the actor runs). 8: weights
-are offered (WeightOffer: manifests with a BLAKE2b digest per bucket, deltas, relays, NCCL) and
-pulled bucket by bucket (BucketRequest), from the learner or a relay (RelayHello /
-RelayWelcome); Heartbeat.corrupt_buckets."""
+(the learner's task, agent, reward and sampling settings, which the actor runs). 8: SampleDone
+(actors stream each finished sample to the scorer fleet). 9: weights are offered (WeightOffer:
+manifests with a BLAKE2b digest per bucket, deltas, relays, NCCL) and pulled bucket by bucket
+(BucketRequest), from the learner or a relay (RelayHello / RelayWelcome);
+Heartbeat.corrupt_buckets."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -143,7 +145,20 @@ class Goodbye(msgspec.Struct, tag="goodbye"):
     actor_id: str
 
 
-ActorToLearner = Hello | WorkRequest | Heartbeat | Goodbye
+class SampleDone(msgspec.Struct, tag="sample_done"):
+    """Actor -> learner, in runs with model scorers (task.scorers): one sample's completion,
+    sent as soon as its rollout ends, so that the scorer fleet scores it while the group's other
+    samples are still generated (learner/scoring.py). Its GroupResult still carries every
+    sample; the learner checks that it carries these same ids. One that arrives after its
+    GroupResult is ignored (the group's copy is scored)."""
+
+    actor_id: str
+    lease_id: int
+    sample_index: int
+    completion_ids: Array
+
+
+ActorToLearner = Hello | WorkRequest | Heartbeat | Goodbye | SampleDone
 
 
 # ---------------------------------------------------------------- control: learner -> actor

@@ -11,6 +11,7 @@ Only raw bytes + dtype + shape cross the wire, never pickle.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,13 +110,17 @@ def write_file(state: dict[str, torch.Tensor], version: int, directory: Path,
     return PackedWeights(manifest=manifest, buckets=())
 
 
-def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Tensor]:
-    """Rebuild the state dict; raises ValueError if the buckets do not match the manifest."""
+def unpack(manifest: WeightManifest, buckets: list[bytes],
+           readonly: bool = False) -> dict[str, torch.Tensor]:
+    """Rebuild the state dict; raises ValueError if the buckets do not match the manifest.
+    `readonly`: the tensors are views of the buckets even where those are read-only (bytes),
+    no copy at all: nothing may ever write them (an evaluation's borrowed weights)."""
     if len(buckets) != manifest.num_buckets:
         raise ValueError(f"weights v{manifest.version}: expected {manifest.num_buckets} buckets, "
                          f"got {len(buckets)}")
     # tensors are views of their bucket: one copy of a read-only bucket, none per tensor
-    views = [v if not v.readonly else memoryview(bytearray(v)) for v in map(memoryview, buckets)]
+    views = [v if readonly or not v.readonly else memoryview(bytearray(v))
+             for v in map(memoryview, buckets)]
     state: dict[str, torch.Tensor] = {}
     for m in manifest.tensors:
         if m.dtype not in _DTYPES:
@@ -137,7 +142,9 @@ def unpack(manifest: WeightManifest, buckets: list[bytes]) -> dict[str, torch.Te
         raw = views[m.bucket][m.offset:m.offset + m.nbytes]
         if m.offset % dtype.itemsize:  # not packed here (pack aligns): this one is copied
             raw = bytearray(raw)
-        state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
+        with warnings.catch_warnings():  # readonly: torch warns that the buffer is not writable
+            warnings.simplefilter("ignore", UserWarning)
+            state[m.name] = torch.frombuffer(raw, dtype=dtype).reshape(m.shape)
     return state
 
 

@@ -42,3 +42,9 @@ def make_agent(cfg: TetherConfig, task, tokenizer) -> Agent:
                                   A.max_total_tokens, make_parser(A.tool_parser))
         return VerifiersAgent(OpenAIAgent(endpoint, None, reward), task.env)
     raise ValueError(f"unknown agent {A.kind!r}")
+
+
+def served_endpoint(agent: Agent) -> OpenAIEndpoint | None:
+    """The OpenAI endpoint `agent` serves its rollouts through (None: it has none)."""
+    inner = agent.agent if isinstance(agent, (EnvironmentAgent, VerifiersAgent)) else agent
+    return inner.endpoint if isinstance(inner, OpenAIAgent) else None

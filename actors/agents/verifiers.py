@@ -147,8 +147,8 @@ def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> VerifiersTask:
 class VerifiersAgent:
     """Plays the leased task's verifiers episode through the endpoint; its trace's reward is
     the sample's. Each episode holds its own verifiers interception server (verifiers' fallback
-    outside `Env.serving()`), so nothing outlives a rollout or is tied to one event loop (the
-    learner's evaluations run the agent on loops of their own); environments that need
+    outside `Env.serving()`), so nothing outlives a rollout or is tied to one event loop;
+    environments that need
     env-level resources (shared tool servers, `start()`/`stop()`) are refused."""
 
     def __init__(self, agent: OpenAIAgent, env) -> None:

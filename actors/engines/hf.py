@@ -63,6 +63,27 @@ class HFEngine:
             case "adapter":
                 self.load_adapter(state, manifest.lora.scale, manifest.version)
 
+    def borrow_packed(self, manifest, buckets: list) -> None:
+        """Full weights as the model's parameters without any copy: read-only views of
+        `buckets` (CPU). For an evaluation that only reads them; `release_weights` after."""
+        from transport.weights import unpack
+
+        state = unpack(manifest, buckets, readonly=True)
+        with self._lock:
+            load_state(self.model, state, f"weights v{manifest.version}", assign=True)
+            self.version = manifest.version
+
+    def release_weights(self) -> None:
+        """Drop the parameters' storage (borrowed or own): each becomes a meta tensor of its
+        shape until the next `borrow_packed`, so the engine holds no copy of the model."""
+        with self._lock:
+            for module in self.model.modules():
+                for name, p in module._parameters.items():
+                    if p is not None:
+                        module._parameters[name] = torch.nn.Parameter(
+                            torch.empty_like(p, device="meta"), requires_grad=False)
+            self.version = -1
+
     def load_base(self, state: dict[str, torch.Tensor]) -> None:
         """Keep a LoRA run's frozen base; the version stays as it was (no adapter yet)."""
         with self._lock:

@@ -24,6 +24,7 @@ import torch
 from configs.schema import TetherConfig
 from learner import checkpoint
 from learner.backends.base import Backend
+from models.devices import compute
 
 CRITIC_DIR = "critic"
 """Subdirectory of a checkpoint holding the critic."""
@@ -82,8 +83,10 @@ class AlgoModels:
     critic: Backend | None = None
 
     def values(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The critic's values for this rank's rows (differentiable)."""
-        return self.critic.model(input_ids.to(self.critic.device))
+        """The critic's values for this rank's rows (differentiable), computed in model.dtype
+        as the policy's logprobs are (autocast; under FSDP2 its MixedPrecisionPolicy)."""
+        with compute(self.critic.device, self.critic.autocast_dtype):
+            return self.critic.model(input_ids.to(self.critic.device))
 
     def ref_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         with torch.no_grad():

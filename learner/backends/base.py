@@ -36,6 +36,9 @@ class Backend(Protocol):
     """Number of data-parallel ranks; 1 = the trainer does not split batches."""
     lora: LoraSpec | None
     """The adapter's shape when training LoRA adapters (None: full weights train)."""
+    autocast_dtype: torch.dtype
+    """The autocast dtype a forward of `.model` needs to compute in model.dtype (float32: none;
+    FSDP2's MixedPrecisionPolicy casts by itself)."""
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
@@ -82,6 +85,11 @@ class Backend(Protocol):
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (rank 0 writes it); with LoRA the merged
         model, and the PEFT adapter directory in `path/adapter`."""
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """`export_hf` in two parts: what every rank must do together now (the gathers), and
+        rank 0's writing of the files, returned as a function to call later, when the other
+        ranks no longer wait on a collective (a no-op on the other ranks)."""
 
 
 ADAPTER_DIR = "adapter"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -56,6 +56,7 @@ class FSDP2Backend:
 
         torch.manual_seed(seed)
         self.device = device
+        self.autocast_dtype = torch.float32  # the MixedPrecisionPolicy below computes in dtype
         self.dp_rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)
@@ -157,27 +158,36 @@ class FSDP2Backend:
         """Rank 0 writes safetensors + config + tokenizer; the full weights exist only there.
         LoRA: the merged model (models/lora.py `merge`) and the adapter in path/adapter; an
         adapter on a tied head makes the merged model untied (its own head, E unchanged)."""
+        self.gather_export(path)()
+        dist.barrier()
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """All-gather every tensor (a collective; rank 0 keeps them on the CPU); returns rank
+        0's write of the files (a no-op elsewhere), which needs no other rank."""
         tensors = {}
         for name, t in self.named_full_tensors():
             if self.dp_rank == 0:
                 tensors[name] = t.contiguous()
-        if self.lora is not None:
-            adapter = dict(self.named_adapter_tensors())
-            if self.dp_rank == 0:
-                L = self.lora
-                lora_lib.write_adapter(path / ADAPTER_DIR, adapter, L.rank, L.alpha, L.targets)
-                tensors = lora_lib.merge(tensors, adapter, L.scale)
-        if self.dp_rank == 0:
-            from models.tiny import load_tokenizer
+        adapter = dict(self.named_adapter_tensors()) if self.lora is not None else None
+        if self.dp_rank != 0:
+            return lambda: None
+        return lambda: self._write_export(path, tensors, adapter)
 
-            path.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-            config = self.model.config
-            if HEAD in tensors and config.tie_word_embeddings:  # an adapted tied head: untied
-                config = copy.deepcopy(config)
-                config.tie_word_embeddings = False
-            config.save_pretrained(path)
-            if (self.model_dir / "generation_config.json").exists():
-                shutil.copy(self.model_dir / "generation_config.json", path)
-            load_tokenizer(self.model_dir).save_pretrained(path)
-        dist.barrier()
+    def _write_export(self, path: Path, tensors: dict, adapter: dict | None) -> None:
+        """Rank 0: the gathered tensors (LoRA: merged with the adapter) as an HF directory."""
+        from models.tiny import load_tokenizer
+
+        if adapter is not None:
+            L = self.lora
+            lora_lib.write_adapter(path / ADAPTER_DIR, adapter, L.rank, L.alpha, L.targets)
+            tensors = lora_lib.merge(tensors, adapter, L.scale)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        config = self.model.config
+        if HEAD in tensors and config.tie_word_embeddings:  # an adapted tied head: untied
+            config = copy.deepcopy(config)
+            config.tie_word_embeddings = False
+        config.save_pretrained(path)
+        if (self.model_dir / "generation_config.json").exists():
+            shutil.copy(self.model_dir / "generation_config.json", path)
+        load_tokenizer(self.model_dir).save_pretrained(path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +33,8 @@ class SingleProcessBackend:
         torch.manual_seed(seed)
         self.device = device
         self.dtype = dtype
+        self.autocast_dtype = dtype
+        """What a forward of `model` outside `logprobs` runs under (models/devices.py compute)."""
         self.model_dir = Path(model_dir)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=torch.float32)
@@ -99,6 +101,10 @@ class SingleProcessBackend:
 
     def load_checkpoint(self, path: Path) -> dict:
         return checkpoint.load(path, self.model, self.optimizer)
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """One process: nothing to gather; the write is the whole export."""
+        return lambda: self.export_hf(path)
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF model directory (safetensors + config + tokenizer);

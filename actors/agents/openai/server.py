@@ -14,6 +14,7 @@ too). Assistant turns are kept as the sampled token ids, never re-tokenized: the
 send back the assistant messages exactly as it got them (content and tool_calls). The first
 call's messages (and `tools`, rendered by the chat template) must render to the task prompt
 (`messages` handed to your function are exactly that); later calls must send the same `tools`.
+An answer with no content and no tool calls may be left out (pydantic-ai does).
 
 Function calling: with `tools` (and `tool_choice` not "none"), a model turn that ended with its
 end-of-turn token is parsed by the configured parser (actors/agents/tool_parsers.py) into
@@ -231,9 +232,10 @@ class OpenAIEndpoint:
     def _new_messages(self, s: Session, messages: list[ChatMessage],
                       keys: list[tuple]) -> list[ChatMessage]:
         """The messages after the conversation so far (`keys`: message_key of each message)."""
-        if keys[:len(s.keys)] != s.keys:
+        repeated = _repeated(s.keys, keys)
+        if repeated is None:
             raise HTTPError(400, _difference(s, messages, keys))
-        new = messages[len(s.keys):]
+        new = messages[repeated:]
         if not new or any(m.role == "assistant" for m in new):
             raise HTTPError(400, "a call must add at least one message and no assistant message")
         open_calls = list(s.open_calls)
@@ -324,6 +326,24 @@ def _record(s: Session, message: dict) -> None:
     ours = msgspec.convert(message, ChatMessage)
     s.keys.append(message_key(ours))
     s.messages.append(ours)
+
+
+EMPTY_ANSWER = ("assistant", "", (), "")
+"""message_key of an answer with no content and no tool calls (a turn that was only its
+end-of-turn token, or past a limit): pydantic-ai leaves such answers out when it sends the
+conversation back. Their tokens stay in the trajectory as sampled."""
+
+
+def _repeated(had: list[tuple], got: list[tuple]) -> int | None:
+    """How many of the keys `got` repeat the conversation so far (`had`), where an empty answer
+    may be left out; None if they do not repeat it."""
+    j = 0
+    for key in had:
+        if j < len(got) and got[j] == key:
+            j += 1
+        elif key != EMPTY_ANSWER:
+            return None
+    return j
 
 
 def _difference(s: Session, messages: list[ChatMessage], keys: list[tuple]) -> str:

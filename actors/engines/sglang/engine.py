@@ -91,9 +91,12 @@ def _engine_class() -> type:
 
 def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
                    mem_fraction_static: float, lora_rank: int, lora_targets: tuple[str, ...],
-                   cpu: bool) -> dict:
-    """SGLang's server arguments for an actor's engine (placeholder weights, no tokenizer)."""
-    kw = dict(model_path=str(model_dir), dtype="float32", load_format="dummy",
+                   cpu: bool, dtype: str = "float32", tp_size: int = 1,
+                   base_gpu_id: int = 0) -> dict:
+    """SGLang's server arguments for an actor's engine (placeholder weights, no tokenizer),
+    computing in `dtype` (model.dtype, resolved), on `tp_size` GPUs from `base_gpu_id` (of
+    those in the actor's CUDA_VISIBLE_DEVICES) when on CUDA."""
+    kw = dict(model_path=str(model_dir), dtype=dtype, load_format="dummy",
               skip_tokenizer_init=True, random_seed=seed, sleep_on_idle=True,
               disable_overlap_schedule=True, log_level="warning")
     if max_total_tokens:
@@ -102,6 +105,8 @@ def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
         kw["mem_fraction_static"] = mem_fraction_static
     if cpu:
         kw.update(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    else:
+        kw.update(tp_size=tp_size, base_gpu_id=base_gpu_id)
     if lora_rank:
         # no max_loaded_loras: SGLang would then evict adapters by itself; only Tether unloads
         kw.update(enable_lora=True, max_lora_rank=lora_rank,
@@ -114,21 +119,26 @@ def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
 class SGLangEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
                  mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
-                 lora_rank: int = 0, lora_targets: tuple[str, ...] = ()) -> None:
+                 lora_rank: int = 0, lora_targets: tuple[str, ...] = (),
+                 dtype: str = "float32", cpu: bool | None = None, tp_size: int = 1,
+                 base_gpu_id: int = 0) -> None:
         """Start SGLang with placeholder weights; nothing is generated before `load_*`.
         `lora_rank > 0`: a LoRA run's actor (the base once, then adapters of that rank on the
         modules `lora_targets`, peft's names).
         Blocks for the engine start-up (40 s or more on CPU): call it from a worker thread that
         lives as long as the engine (SGLang's children die with the thread that started them).
-        `on_sigterm` replaces SGLang's own SIGTERM handler in this process (the actor's stop)."""
+        `on_sigterm` replaces SGLang's own SIGTERM handler in this process (the actor's stop).
+        `dtype`: what the model computes in (checked against what SGLang runs). `cpu`: SGLang's
+        CPU engine (None: where NVML counts no GPU; CUDA is not initialised to find out)."""
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "0").lower() in ("1", "true"):
             raise ValueError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return untempered "
                              "logprobs, not those of the distribution it sampled from; unset it")
-        import torch
+        from models.devices import cuda_count
 
-        cpu = not torch.cuda.is_available()
+        if cpu is None:
+            cpu = cuda_count() <= 0
         if cpu:
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read by SGLang at import, inherited by its children
         Engine = _engine_class()
@@ -158,13 +168,17 @@ class SGLangEngine:
         """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
         self._lora_ids = itertools.count(1)
         kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
-                            lora_targets, cpu)
+                            lora_targets, cpu, dtype, tp_size, base_gpu_id)
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.engine = Engine(**kw)
         root.handlers[:] = handlers  # SGLang's logging.basicConfig(force=True) replaced the actor's
         root.setLevel(level)
         self._on_sigterm = on_sigterm
+        running = str(self.engine.tokenizer_manager.model_config.dtype)
+        if running != f"torch.{dtype}":  # behavior logprobs' dtype: what the learner checks
+            self.engine.shutdown()
+            raise ValueError(f"SGLang runs the model in {running}, model.dtype is {dtype}")
         log.info("SGLangEngine started (update_mode %s, %s; child processes %s)", update_mode,
                  kw.get("device", "cuda"), self.engine.get_all_child_pids())
 

