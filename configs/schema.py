@@ -338,16 +338,9 @@ class TetherConfig(Section):
     """ZeroMQ sockets, heartbeats and limits."""
 
 
-BUILTIN_TASKS: dict[str, str] = {
-    "reverse": "tasks.reverse:make_task",
-    "calculator": "tasks.calculator:make_task",
-    "gsm8k": "tasks.gsm8k:make_task",
-    "data": "tasks.data:make_task",
-    "additions": "tasks.additions:make_task",
-    "environment": "actors.agents.environment:make_task",
-    "verifiers": "actors.agents.verifiers:make_task",
-}
-"""Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
+BUILTIN_TASKS = ("reverse", "calculator", "gsm8k", "data", "additions", "environment",
+                 "verifiers")
+"""Short names of the built-in tasks (`task.name`); tasks/registry.py makes each."""
 
 
 def max_completion_tokens(cfg: TetherConfig) -> int:
