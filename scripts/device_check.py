@@ -293,7 +293,7 @@ def measure(ns: argparse.Namespace, model_dir: Path) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry run)"
     return {"device": name, "rollout": roll, "learner_step_s": step, "weight_sync": sync,
             "logprob_gap": gap,
-            "vllm_tokens_per_s": roll["tokens_per_s"] if engine.name == "vllm" else None}
+            "vllm_tokens_per_s": roll["tokens_per_s"] if isinstance(engine, VLLMRollout) else None}
 
 
 def main(argv: list[str] | None = None) -> int:
