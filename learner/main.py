@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import torch
 
@@ -56,7 +55,8 @@ from learner.server import LearnerServer
 from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
 from models import devices
-from transport.weights import PackedWeights, unpack, write_file
+from transport import weight_sources
+from transport.weights import PackedWeights
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base)
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
-    server.announce(version, _for_actors(cfg, packed))
+    server.announce(version, weight_sources.for_actors(cfg, packed))
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
     server.start()
     log.info("learner listening: %s", server.endpoints)
@@ -270,7 +270,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
             with tl.span("gather"):
                 st.packed = team.gather_weights(st.version)
             with tl.span("announce"):
-                st.server.announce(st.version, _for_actors(cfg, st.packed))
+                st.server.announce(st.version, weight_sources.for_actors(cfg, st.packed))
             m.update(tl.end_step(st.version))
             snap = st.server.snapshot()
             st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())
@@ -349,22 +349,6 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     st.metrics.finish(summary)
     _log_summary(summary)
     return summary
-
-
-def _for_actors(cfg: TetherConfig, packed: PackedWeights) -> PackedWeights:
-    """Version `packed` as actors will fetch it: the byte buckets themselves, or a file on
-    shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
-    it was told about). A LoRA version's file holds its adapter (the base goes over ZeroMQ,
-    once per actor), and the notice keeps the manifest's kind and LoRA spec."""
-    t = cfg.transport
-    if t.weights_via != "filesystem":
-        return packed
-    directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
-    state = unpack(packed.manifest, list(packed.buckets))
-    out = write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
-    notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
-                                     lora=packed.manifest.lora)
-    return PackedWeights(manifest=notice, buckets=())
 
 
 def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device) -> dict:
