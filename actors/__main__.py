@@ -17,7 +17,7 @@ from pathlib import Path
 from actors import forked
 from actors.scratch import check_socket_room, scratch_dir
 from configs.loader import ConfigError, describe, load_config, setup_process
-from configs.schema import TetherConfig
+from configs.schema import StreamingEngineConfig, TetherConfig
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(targets) != 1:
             raise ConfigError(f"give exactly one learner address, got {targets or 'none'}")
         endpoint = resolve_endpoint(targets[0])
-        if cfg.actors.engine.kind in ("vllm", "sglang"):
+        if isinstance(cfg.actors.engine, StreamingEngineConfig):  # vLLM, SGLang
             check_socket_room()
     except ConfigError as e:
         print(f"tether-actor: {e}", file=sys.stderr)

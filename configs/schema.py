@@ -391,16 +391,9 @@ class TetherConfig(Section):
     """Which GPUs each process on the learner's node gets (configs/placement.py)."""
 
 
-BUILTIN_TASKS: dict[str, str] = {
-    "reverse": "tasks.reverse:make_task",
-    "calculator": "tasks.calculator:make_task",
-    "gsm8k": "tasks.gsm8k:make_task",
-    "data": "tasks.data:make_task",
-    "additions": "tasks.additions:make_task",
-    "environment": "actors.agents.environment:make_task",
-    "verifiers": "actors.agents.verifiers:make_task",
-}
-"""Short names of the built-in tasks (`task.name`) and the import paths they stand for."""
+BUILTIN_TASKS = ("reverse", "calculator", "gsm8k", "data", "additions", "environment",
+                 "verifiers")
+"""Short names of the built-in tasks (`task.name`); tasks/registry.py makes each."""
 REWARD_TASKS = ("data", "additions")
 """The built-in tasks that score with `task.reward`; the others score with their own reward
 (reverse, calculator, gsm8k) or their environment's rubric (environment, verifiers)."""
@@ -540,11 +533,7 @@ def engine_gpus(cfg: TetherConfig, node_gpus: int) -> int:
     """GPUs one local actor's engine spans on a node of `node_gpus` GPUs: vLLM's
     tensor_parallel_size, SGLang's tp_size, one HF engine GPU; none for the simulated engine,
     an HF engine on the CPU, or a node without GPUs."""
-    E = cfg.actors.engine
-    if node_gpus == 0 or E.kind == "simulated" or (E.kind == "hf" and E.device == "cpu"):
-        return 0
-    return {"vllm": lambda: E.tensor_parallel_size, "sglang": lambda: E.tp_size}.get(
-        E.kind, lambda: 1)()
+    return cfg.actors.engine.gpus() if node_gpus else 0
 
 
 def placement_errors(cfg: TetherConfig) -> list[str]:

@@ -74,7 +74,7 @@ def main() -> None:
         async def one_rpc():  # the load path before issue 42
             raw = msgspec.msgpack.encode(man)
             await eng._update(man.version, eng.llm.collective_rpc(
-                "tether_load_packed", args=(raw, [bytes(b) for b in buckets])))
+                "tether_load_packed", args=(raw, [bytes(b) for b in buckets])), eng.update_mode)
 
         async def streamed():
             await eng.load_packed(man, buckets)

@@ -45,7 +45,7 @@ from buffer import record
 from buffer.record import TrajGroup
 from configs.schema import BackendConfig, TetherConfig
 from learner.backends.base import Backend
-from learner.backends.registry import make_backend, runs_under_torchrun
+from learner.backends.registry import loads_sharded, make_backend, runs_under_torchrun
 from learner.algo.critic import AlgoModels, FrozenBase, ValueModel, needs_critic
 from learner.algo.trainer import Trainer
 from learner.publisher import Publisher
@@ -157,7 +157,7 @@ def make_models(cfg: TetherConfig, ranks: Ranks, policy: Backend | None = None) 
         path = Path(M.critic_path or M.path)
         out.critic = make_backend(L.backend, path, L.critic_lr, L.weight_decay, L.seed,
                                   ranks.device, dtype,
-                                  model=ValueModel(path, meta=L.backend.kind == "fsdp2"),
+                                  model=ValueModel(path, meta=loads_sharded(L.backend)),
                                   activation_checkpointing=L.activation_checkpointing)
     return out
 

@@ -36,7 +36,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import torch
 
@@ -61,8 +60,7 @@ from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
 from models import devices
 from learner.publisher import Publisher
-from transport.weights import PackedWeights, unpack, write_file
-from transport.weightsrc.store import Published
+from transport.weightsrc.registry import for_actors
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +212,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     server.timeline = team.trainer.timeline
     publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
                           lambda pub: server.announce(pub.full.manifest.version,
-                                                      _for_actors(cfg, pub)))
+                                                      for_actors(cfg, pub)))
     team.gather_weights(version, publisher,
                         devices.torch_dtype(cfg.model.dtype, team.ranks.device))
     publisher.wait()  # v is announced before anyone can ask
@@ -368,24 +366,6 @@ def finish(cfg: TetherConfig, team: distributed.Leader, st: LeadState, reason: s
     st.metrics.finish(summary)
     _log_summary(summary)
     return summary
-
-
-def _for_actors(cfg: TetherConfig, pub: Published) -> Published:
-    """Version `pub` as actors will fetch it: the byte buckets themselves, or a file on
-    shared storage (kept for max_staleness + 3 versions, so a slow actor still finds the one
-    it was told about). A LoRA version's file holds its adapter (the base goes over ZeroMQ,
-    once per actor), and the notice keeps the manifest's kind and LoRA spec. Runs in the
-    packer thread."""
-    t = cfg.transport
-    if t.weights_via != "filesystem":
-        return pub
-    packed = pub.full
-    directory = Path(t.weights_dir or Path(cfg.run_dir) / "weights")
-    state = unpack(packed.manifest, list(packed.buckets))
-    out = write_file(state, packed.manifest.version, directory, keep=cfg.max_staleness + 3)
-    notice = msgspec.structs.replace(out.manifest, kind=packed.manifest.kind,
-                                     lora=packed.manifest.lora)
-    return Published(full=PackedWeights(manifest=notice, buckets=()))
 
 
 def _evaluate_locally(cfg: TetherConfig, st: LeadState, model_dir: Path, device) -> dict:

@@ -43,7 +43,7 @@ def run_sync(cfg: TetherConfig, steps: int, lag: int = 0,
     models = make_models(cfg, Ranks(0, 1, torch.device("cpu")), backend)
     trainer = Trainer(cfg, backend, pad_id=tokenizer.pad_token_id, models=models,
                       eos_id=tokenizer.eos_token_id)
-    hf = cfg.actors.engine if cfg.actors.engine.kind == "hf" else HFEngineConfig()
+    hf = cfg.actors.engine if isinstance(cfg.actors.engine, HFEngineConfig) else HFEngineConfig()
     engine = HFEngine(cfg.model.path, logprobs=hf.logprobs)
     if backend.lora is not None:  # LoRA: the base once, then each version's adapter
         engine.load_base({k: v.clone() for k, v in backend.state_dict().items()})

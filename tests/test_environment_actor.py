@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import procs
-from actors.agents.environment import load_environment
+from tasks.environment import load_environment
 from actors.agents.environment_example import CalculatorEnv
 from transport.messages import FINISH_REASONS
 
@@ -128,7 +128,7 @@ def test_an_environments_own_dataset_is_the_task(tmp_path, monkeypatch):
 
 def test_the_environment_task_renders_the_rows_as_the_endpoint_does(tmp_path, monkeypatch):
     from tasks.chat import make_chat_format
-    from actors.agents.environment import make_task
+    from tasks.environment import make_task
     from configs.schema import TaskConfig
     from models.tiny import build_tokenizer, vocab_for
     from tasks.calculator import CalculatorTask

@@ -58,7 +58,7 @@ def test_a_verifiers_environment_runs_as_an_actor_and_its_rubric_reaches_the_lea
 
 
 def test_bad_verifiers_env_specs_are_named(monkeypatch):
-    from actors.agents.verifiers import load_verifiers_env
+    from tasks.verifiers import load_verifiers_env
 
     monkeypatch.syspath_prepend(str(TESTS))
     with pytest.raises(ValueError, match=r"cannot import 'no_such_module'"):

@@ -3,19 +3,28 @@
 `LLMClient` is what an agent gets as `llm` and what the actor loads weights into: async,
 one request per call, safe to call concurrently. Two kinds of backend provide it:
 
-* batch engines (HF transformers, the simulated engine) implement the synchronous `Engine`
-  protocol below; `actors.engines.client.EngineClient` gathers concurrent requests into batches and
-  runs them in a worker thread. A weight update waits for the running batch ("wait").
-* natively asynchronous engines (vLLM's AsyncLLM, `actors.engines.vllm.engine.VLLMEngine`) implement
-  `LLMClient` directly, stream requests continuously and can take weights mid-request.
+* batch engines (HF transformers: hf.py, the simulated engine: simulated.py) implement the
+  synchronous `Engine` protocol below; `EngineClient` (client.py) gathers concurrent requests
+  into batches and runs them in a worker thread. A weight update waits for the running batch.
+* streaming engines (vLLM: vllm/, SGLang: sglang/) implement `LLMClient` directly on
+  `StreamingEngine` (streaming.py): requests stream continuously and take weights mid-request.
+
+Each kind's module has a `make(section, ctx: EngineContext)`; registry.py picks the one
+`actors.engine` names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
+
+from configs.schema import TetherConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -74,3 +83,24 @@ def sample_seed(seed: int, prompt_id: int, sample_index: int, turn: int = 0) -> 
 def versioned_seed(seed: int, version: int) -> int:
     """The generator seed actually used: base seed mixed with the sampling weight version."""
     return (seed * 1_000_039 + version) % (2**62)
+
+
+@dataclass
+class EngineContext:
+    """What an engine's factory gets besides its section."""
+
+    model_dir: Path
+    """The learner's model files (config, tokenizer; the weights arrive later)."""
+    cfg: TetherConfig
+    """The run's config (seed, model.dtype, learner.lora)."""
+    threads: int = 1
+    """The actor's cores: torch threads of a CPU engine."""
+    on_sigterm: Callable[[], None] | None = None
+    """The actor's stop, for an engine that installs signal handlers of its own."""
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    """A factory appends what stops its engine's processes; the actor calls them at its end."""
+    device: torch.device | None = None
+    """Where the engine computes (the actor resolves it without initialising CUDA); None for
+    the simulated engine."""
+    dtype: str = ""
+    """What the engine computes in: model.dtype with `auto` resolved for `device`."""

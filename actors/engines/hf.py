@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from actors.engines.base import Completion, GenerateRequest, versioned_seed
+from actors.engines.base import Completion, EngineContext, GenerateRequest, versioned_seed
+from actors.engines.client import EngineClient
+from configs.engines import HFEngineConfig
 from models import lora
 from models.tied import HEAD, load_state, untie, with_head
 from models.logprobs import token_logprobs
@@ -157,3 +159,12 @@ class HFEngine:
                                   versions=np.full(n, self.version, dtype=np.int32),
                                   finish_reason="stop" if eos.size else "length"))
         return out
+
+
+def make(section: HFEngineConfig, ctx: EngineContext) -> EngineClient:
+    """`actors.engine: hf`: the model on `section.device` (resolved by the actor: ctx.device)
+    in model.dtype, behind the batching client."""
+    from models import devices
+
+    return EngineClient(HFEngine(ctx.model_dir, ctx.device, devices.torch_dtype(ctx.dtype),
+                                 logprobs=section.logprobs))

@@ -7,12 +7,15 @@ as long as its slowest request. Weight loads only record the version.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
 import numpy as np
 
-from actors.engines.base import Completion, GenerateRequest, versioned_seed
+from actors.engines.base import Completion, EngineContext, GenerateRequest, versioned_seed
+from actors.engines.client import EngineClient
+from configs.engines import SimulatedEngineConfig
 from transport.messages import WeightManifest
 
 
@@ -45,3 +48,10 @@ class SimulatedEngine:
         if longest:
             time.sleep(longest)  # the simulated generation time, not synchronisation
         return out
+
+
+def make(section: SimulatedEngineConfig, ctx: EngineContext) -> EngineClient:
+    """`actors.engine: simulated`: random tokens of the model's vocabulary, behind the batching
+    client."""
+    vocab = json.loads((ctx.model_dir / "config.json").read_text())["vocab_size"]
+    return EngineClient(SimulatedEngine(vocab, section.latency_mean_s, section.latency_sigma))

@@ -58,11 +58,14 @@ class BackendKind:
     make: Factory
     torchrun: bool
     """Runs as one process per torchrun rank (a process group); False: one plain process."""
+    loads_sharded: bool = False
+    """Builds its models on the meta device and loads each rank's shard (a model it is given,
+    the critic, must then be built on the meta device too)."""
 
 
 KINDS: dict[str, BackendKind] = {
     "single": BackendKind(_single, torchrun=False),
-    "fsdp2": BackendKind(_fsdp2, torchrun=True),
+    "fsdp2": BackendKind(_fsdp2, torchrun=True, loads_sharded=True),
     "megatron": BackendKind(_megatron, torchrun=True),
 }
 
@@ -82,3 +85,8 @@ def make_backend(section: BackendConfig, model_dir: Path, lr: float, weight_deca
 def runs_under_torchrun(section: BackendConfig) -> bool:
     """Whether the kind trains over torchrun ranks (and so needs torchrun's environment)."""
     return KINDS[section.kind].torchrun
+
+
+def loads_sharded(section: BackendConfig) -> bool:
+    """Whether the kind loads each rank's shard into a model built on the meta device."""
+    return KINDS[section.kind].loads_sharded

