@@ -365,8 +365,14 @@ def test_a_run_with_bf16_deltas_trains_and_accounts(tmp_path, tiny_model_dir):
     """Learner and two actors in one process (transport.kind=inproc), the engines in bf16, every
     version after the first offered as deltas until the next full point (K = 3)."""
     run = tmp_path / "run"
-    s, logs = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=7", "max_staleness=1",
-                               "model.dtype=bfloat16", "transport.weight_full_every=3")
+    default = torch.get_default_dtype()
+    try:
+        s, logs = procs.run_inproc(run, tiny_model_dir, "learner.max_steps=7", "max_staleness=1",
+                                   "model.dtype=bfloat16", "transport.weight_full_every=3")
+    finally:
+        # building bf16 models in several threads at once (transformers sets and restores the
+        # process-wide default dtype around each) can leave it bf16: later tests need float32
+        torch.set_default_dtype(default)
     assert s["steps"] == 7 and s["accounting_ok"] and s["rejected_messages"] == {}
     text = "\n".join(line for name in ("actor-local-0", "actor-local-1")
                      for line in logs.lines[name])
