@@ -35,8 +35,7 @@ class MultiTurnAgentConfig(Kind):
     max_total_tokens: int = 48
     """Most completion tokens (model + tool) per sample; the learner refuses more."""
     tool_parser: Literal["tether", "hermes"] = "tether"
-    """How a model turn's tool calls are parsed: tether (`<call> NAME ARG </call>`, the tiny
-    models) | hermes (`<tool_call>{json}</tool_call>`, Qwen-family templates)."""
+    """Tool-call syntax: tether (`<call> NAME ARG </call>`, tiny models) | hermes (Qwen-family)."""
 
 
 class ToolsAgentConfig(MultiTurnAgentConfig, tag="tools"):
@@ -49,8 +48,7 @@ class ToolsAgentConfig(MultiTurnAgentConfig, tag="tools"):
     tool_memory_mb: Annotated[int, Meta(ge=64)] = 512
     """Address-space limit (RLIMIT_AS) of the python tool's subprocess."""
     python_sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """python tool: bwrap (bubblewrap: no network, no files but its own tmpfs; refuses to start
-    without bwrap) | rlimits (limits only: unsafe)."""
+    """python tool: bwrap (bubblewrap sandbox, required) | rlimits (limits only: unsafe)."""
     tool_max_procs: Count = 16
     """python tool under bwrap: most processes (RLIMIT_NPROC) its code may have at once."""
 

@@ -17,10 +17,8 @@ class HFEngineConfig(Kind, tag="hf"):
     """transformers on the actor's own device (the CPU fallback; docs/operations.md)."""
 
     logprobs: Literal["forward", "sampling"] = "forward"
-    """Behavior logprobs from one more forward over prompt + completion (forward: batch-invariant,
-    equal to the learner's recomputation, as η = 0's bitwise guarantee needs) or the sampling
-    steps' KV-cache logits (sampling: no extra pass, differs by float rounding; cost:
-    docs/operations.md)."""
+    """Behavior logprobs: forward (one more pass; equal to the learner's, as η = 0's bitwise
+    guarantee needs) or sampling (the sampling steps' logits; differs by rounding)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs: auto (CUDA when present, else cpu) | cpu | cuda."""
 
@@ -33,9 +31,8 @@ class StreamingEngineConfig(Kind):
     """What the streaming engines (vLLM, SGLang) share: new weights reach running requests."""
 
     update_mode: Literal["wait", "keep", "abort"] = "keep"
-    """How new weights reach running requests: wait (finish them first) | keep (pause, swap,
-    recompute KV, resume: tokens carry the version that sampled them) | abort (stop them,
-    resubmit prompt + generated prefix)."""
+    """New weights and running requests: wait (finish first) | keep (pause, swap, recompute KV;
+    tokens keep their version) | abort (resubmit prompt + prefix)."""
 
 
 class VLLMEngineConfig(StreamingEngineConfig, tag="vllm"):

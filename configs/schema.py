@@ -54,8 +54,8 @@ class ModelConfig(Section):
     warmstart_lr: float = 3e-3
     """Learning rate of the supervised warm-start."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype of learner, reference, critic and engines: auto (bfloat16 on CUDA, float32
-    on CPU) | float32 | bfloat16 (master weights stay fp32)."""
+    """Compute dtype of learner and engines: auto = bfloat16 on CUDA, float32 on CPU (master
+    weights stay fp32)."""
     ref_path: str = ""
     """HF directory of the frozen KL reference policy (default: `path`, the initial weights)."""
     critic_path: str = ""
@@ -64,13 +64,11 @@ class ModelConfig(Section):
 
 class TaskConfig(Section):
     name: str = "reverse"
-    """A built-in task (reverse, calculator, gsm8k, data, additions, environment, verifiers) or
-    `package.module:make_task` / `path/to/file.py:make_task` (docs/models_data_rewards.md)."""
+    """A built-in task or `module:make_task` / `file.py:make_task` (docs/models_data_rewards.md)."""
     num_digits: Count = 4
     """Digits the toy reversal task asks to reverse."""
     data_path: str = ""
-    """gsm8k: JSONL of {"question", "answer": "... #### N"} (every 10th held out); data: a JSONL /
-    JSON / Parquet file or a `datasets` save_to_disk directory."""
+    """gsm8k: JSONL {question, answer}; data: JSONL / JSON / Parquet or a `datasets` directory."""
     eval_prompts: NonNegative = 128
     """Held-out prompts scored (one sample each) at the start and end of a run (0 = none)."""
     max_new_tokens: Count = 5
@@ -90,9 +88,8 @@ class TaskConfig(Section):
     environment: str = ""
     """environment: module:attribute of the environment whose `dataset` rows are the prompts (docs/agents.md)."""
     verifiers_env: str = ""
-    """verifiers: the environment whose taskset gives the prompts and whose rubric the `verifiers`
-    agent scores with: module:attribute (a vf.Env / vf.EnvConfig or a function returning one) or an
-    environment id (docs/agents.md)."""
+    """verifiers: module:attribute (vf.Env, vf.EnvConfig or a function returning one) or an
+    environment id; its taskset gives the prompts, its rubric the reward (docs/agents.md)."""
     eval_path: str = ""
     """data: file or directory of held-out rows ("" = hold out eval_fraction of data_path)."""
     eval_fraction: Annotated[float, Meta(ge=0, lt=1)] = 0.1
@@ -153,13 +150,11 @@ class LearnerConfig(Section):
     max_steps: Count = 500
     """Optimizer steps (= policy versions published) before the run ends."""
     max_train_minutes: Annotated[float, Meta(ge=0)] = 0.0
-    """Also end the run after this long of training, counted from the first wait for a batch
-    (start-up and first evaluation excluded; the final evaluation and export follow any end); 0 =
-    no limit. end_reason: "time_limit"."""
+    """Also end after this many minutes of training (start-up excluded; 0 = no limit;
+    end_reason time_limit)."""
     stop_at_reward: float | None = None
-    """Also end the run once the sampled reward averaged over the last `stop_reward_window` steps
-    (of this process: a resumed run refills them) reaches this (null = never). end_reason:
-    "reward_reached"."""
+    """Also end once the sampled reward over the last `stop_reward_window` steps reaches this
+    (null = never; end_reason reward_reached)."""
     stop_reward_window: Count = 20
     """Steps averaged for `stop_at_reward`."""
     prompts_per_step: Count = 16
@@ -195,8 +190,7 @@ class LearnerConfig(Section):
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = "token_mean"
     """Loss aggregation (constant: Dr.GRPO, divided by max_new_tokens)."""
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae", "vtrace"] = "grpo"
-    """grpo: group mean/std; drgrpo: group mean only; reinforce_pp: batch-normalised returns; gae,
-    vtrace: with a critic (docs/algorithms.md)."""
+    """grpo: group mean/std; drgrpo: mean only; reinforce_pp: whitened returns; gae, vtrace: critic."""
     minibatches: Count = 1
     """Optimizer steps per batch; the batch is split into this many minibatches by group."""
     epochs: Count = 1
@@ -204,8 +198,7 @@ class LearnerConfig(Section):
     checkpoint_every: NonNegative = 100
     """Save a checkpoint every N steps (0 = only at the end)."""
     checkpoint_keep: NonNegative = 2
-    """Keep the newest N checkpoints, deleting older ones once a new one is complete (0 = all).
-    SmolLM2-135M with AdamW state: 1.6 GB each."""
+    """Keep the newest N checkpoints, deleting older ones once a new one is complete (0 = all)."""
     resume: bool = False
     """Continue the run in run_dir from its newest checkpoint (not another run's)."""
     overwrite: bool = False
@@ -213,20 +206,17 @@ class LearnerConfig(Section):
     log_every: Count = 10
     """Print a progress line every N steps (metrics.jsonl gets every step)."""
     trace_steps: NonNegative = 0
-    """Write run_dir/trace.json, a Chrome/Perfetto trace of this many steps across the learner and
-    every actor (0 = none; docs/operations.md)."""
+    """Steps traced into run_dir/trace.json (Chrome/Perfetto; 0 = none; docs/operations.md)."""
     trace_from_step: NonNegative = 5
     """The traced steps start after this version (past start-up)."""
     tensorboard: bool = True
     """Also write every step's metrics to run_dir/tensorboard (if tensorboard is installed)."""
     tracker: Literal["none", "wandb", "mlflow"] = "none"
-    """Also send every step's metrics and the summary to W&B or MLflow (`pip install -e
-    .[tracking]`, else the learner refuses to start)."""
+    """Also send metrics and summary to W&B or MLflow (needs `.[tracking]`)."""
     tracker_project: str = "tether"
     """W&B project / MLflow experiment name the run is logged under."""
     tracker_online: bool = False
-    """false: offline (W&B in run_dir/wandb, MLflow in run_dir/mlflow.db); true: W&B syncs to its
-    server, MLflow uses MLFLOW_TRACKING_URI."""
+    """false: offline (files in run_dir); true: W&B syncs, MLflow uses MLFLOW_TRACKING_URI."""
     seed: int = 0
     """Seed for the prompt order and the learner's torch RNG."""
     backend: BackendConfig = msgspec.field(default_factory=SingleBackendConfig)
@@ -234,9 +224,8 @@ class LearnerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Training device: auto = CUDA when present, else cpu; cuda = cuda:LOCAL_RANK."""
     cpu_placement: Literal["shared", "split"] = "shared"
-    """CPU learner with local actor processes: shared (every process on every core, one torch
-    thread each) | split (the learner's ranks get half the cores, the local actors the rest, each
-    pinned, torch threads = its cores; docs/operations.md)."""
+    """CPU, local actors: shared (every process on every core) | split (learner ranks and
+    actors pinned to disjoint halves; docs/operations.md)."""
     collective_timeout_s: Positive = 1800.0
     """Timeout of every collective between the learner's ranks."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
@@ -268,15 +257,14 @@ class LearnerConfig(Section):
     """ppo: clipped surrogate; cispo: REINFORCE with a clipped, stop-gradient ratio weight (bounds
     1 - clip_low, 1 + clip_high)."""
     drop_uniform_groups: bool = False
-    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (dropped{uniform}) and
-    more prompts leased to fill the batch."""
+    """DAPO dynamic sampling: drop groups whose rewards are all equal, lease more prompts."""
     mask_truncated: bool = False
     """Samples that used the whole completion budget without ending get no gradient."""
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
     max_tokens_per_microbatch: NonNegative = 0
-    """Per rank: micro-batches of rows bucketed by length, at most this many tokens each
-    (rows x longest row), gradients accumulated (0 = one batch). single and fsdp2."""
+    """Per rank: rows bucketed by length into micro-batches of at most this many tokens,
+    gradients accumulated (0 = one batch; single, fsdp2)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them."""
 
@@ -287,8 +275,7 @@ class ActorsConfig(Section):
     engine: EngineConfig = msgspec.field(default_factory=HFEngineConfig)
     """Rollout engine (each kind's section below; docs/engines.md)."""
     groups_per_request: Count = 8
-    """Leases an actor asks for at once, generated as one batch: larger keeps the engine's batch
-    fuller (fewer round trips and tail waits) but returns samples later."""
+    """Leases an actor asks for at once, generated as one batch (fuller batches, later samples)."""
     agent: AgentConfig = msgspec.field(default_factory=SingleTurnAgentConfig)
     """Agent run per sample (each kind's section below; docs/agents.md)."""
     join_timeout_s: Annotated[float, Meta(ge=0)] = 0.0
@@ -306,9 +293,7 @@ class BufferConfig(Section):
 
 class TransportConfig(Section):
     kind: Literal["zmq", "inproc"] = "zmq"
-    """zmq: TCP, learner and actors as processes on any nodes; inproc: the learner runs its
-    actors.num_local actors as threads over ZeroMQ's in-process transport (debugging, protocol
-    tests)."""
+    """zmq: TCP, processes on any nodes; inproc: local actors as threads (debugging, tests)."""
     host: str = "127.0.0.1"
     """Interface the learner binds to (0.0.0.0 to accept actors on other nodes)."""
     advertise_host: str = ""
