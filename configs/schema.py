@@ -422,7 +422,7 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
              "learner.backend.tp * learner.backend.pp",
              f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
     if T.weights_via == "nccl":
-        need(A.engine.kind == "vllm" and T.nccl_engines >= 1 and L.lora.rank == 0,
+        need(isinstance(A.engine, VLLMEngineConfig) and T.nccl_engines >= 1 and L.lora.rank == 0,
              "transport.weights_via", "zmq, relay or filesystem unless actors.engine=vllm with "
              "transport.nccl_engines >= 1 and full weights (learner.lora.rank 0)", T.weights_via)
     if isinstance(agent, MultiTurnAgentConfig):
