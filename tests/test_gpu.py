@@ -204,6 +204,7 @@ def test_auto_dtype_is_bf16_and_tf32_is_on_for_the_cuda_learner():
     assert torch.get_float32_matmul_precision() == "high"
 
 
+@vllm
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per process: the "
                     "learner on one, the vLLM actor on another")
 def test_versions_reach_a_vllm_actor_by_nccl_broadcast(tmp_path, tiny_model_dir):
