@@ -61,11 +61,34 @@ class _Server:
 
     stopped = None
 
+    class evaluations:
+        """The start round, already in (evaluation runs on the actors)."""
+
+        @staticmethod
+        def wait(version: int, timeout: float) -> bool:
+            return True
+
+        @staticmethod
+        def result(version: int) -> dict:
+            return {"samples": 0, "prompts": 0, "errors": 0, "reward_failures": 0}
+
+    ended = False
+
+    def end_training(self) -> None:
+        self.ended = True
+
     def snapshot(self) -> dict:
         return {"actors_connected": 0, "oldest_actor_weights": -1, "leases": {"outstanding": 0}}
 
     def stop(self, reason: str) -> None:
         self.stopped = reason
+
+
+class _Publisher:
+    """Nothing is ever published: no step completes."""
+
+    def wait(self) -> None:
+        pass
 
 
 class _ExitedActors:
@@ -94,8 +117,8 @@ def _train(signal: bool) -> tuple[str, _Server]:
     team, server = _Team(), _Server()
     st = learner_main.LeadState(task=None, tokenizer=None, drops=None, buffer=_Wait(team, signal),
                                 leases=None, server=server, actors=_ExitedActors(),
-                                metrics=_Metrics(), eval_engine=None, eval_start=0.0, version=0,
-                                packed=None)
+                                scorers=None, metrics=_Metrics(), eval_start=0, version=0,
+                                publisher=_Publisher())
     return learner_main.train(cfg, team, st, learner_main._Sigterm(team)), server
 
 
