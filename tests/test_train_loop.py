@@ -77,6 +77,9 @@ class _Server:
     def end_training(self) -> None:
         self.ended = True
 
+    def is_alive(self) -> bool:
+        return self.stopped is None
+
     def snapshot(self) -> dict:
         return {"actors_connected": 0, "oldest_actor_weights": -1, "leases": {"outstanding": 0}}
 
@@ -117,14 +120,17 @@ def _train(signal: bool) -> tuple[str, _Server]:
     team, server = _Team(), _Server()
     st = learner_main.LeadState(task=None, tokenizer=None, drops=None, buffer=_Wait(team, signal),
                                 leases=None, server=server, actors=_ExitedActors(),
-                                scorers=None, metrics=_Metrics(), eval_start=0, version=0,
+                                scorers=_ExitedActors(), metrics=_Metrics(), eval_start=0, version=0,
                                 publisher=_Publisher())
-    return learner_main.train(cfg, team, st, learner_main._Sigterm(team)), server
+    reason = learner_main.train(cfg, team, st, learner_main._Sigterm(team))
+    learner_main._stop_fleet(st, reason)  # as run() does once training ended
+    return reason, server
 
 
 def test_a_signal_while_waiting_for_trajectories_interrupts_even_with_every_actor_gone():
     reason, server = _train(signal=True)
     assert reason == "interrupted"
+    assert server.ended
     assert server.stopped == "interrupted"
 
 
