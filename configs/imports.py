@@ -32,10 +32,11 @@ def load_object(spec: str, field_name: str, kind: str = "attribute") -> object:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
-            raise ValueError(f"{field_name} {spec!r}: no module named {e.name!r}") from None
+            raise ValueError(f"{field_name} {spec!r}: cannot import {target!r}: "
+                             f"no module named {e.name!r}") from None
     obj = getattr(module, name, None)
     if obj is None or (kind == "function" and not callable(obj)):
-        raise ValueError(f"{field_name} {spec!r}: {target} has no {kind} {name!r}")
+        raise ValueError(f"{field_name} {spec!r}: module {target!r} has no {kind} {name!r}")
     return obj
 
 
