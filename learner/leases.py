@@ -4,7 +4,8 @@ Admission (AReaL's capacity rule): at policy version `v`, leases are granted onl
 
     granted - dropped  <  (max_staleness + v + 1) * prompts_per_step
 
-so an actor never starts work that is certain to be too stale. A lease granted at version `v`
+so an actor never starts work that is certain to be too stale; nor, with `max_steps` given,
+work for steps past the run's last (`max_staleness + v + 1` is capped at `max_steps`). A lease granted at version `v`
 must be generated with weights of version >= `v` (its `min_version`): in-order consumption then
 trains on it by step `v + max_staleness`. With max_staleness = 0, the groups of batch `v` are
 granted only once version `v` is published: synchronous PPO.
@@ -60,8 +61,9 @@ class LeaseTable:
     """Not thread-safe: owned by the learner's I/O thread."""
 
     def __init__(self, task: Task, prompts_per_step: int, group_size: int, max_staleness: int,
-                 drops: Drops | None = None) -> None:
+                 drops: Drops | None = None, max_steps: int | None = None) -> None:
         self.task = task
+        self.max_steps = max_steps
         self.prompts_per_step = prompts_per_step
         self.group_size = group_size
         self.max_staleness = max_staleness
@@ -95,7 +97,10 @@ class LeaseTable:
     def capacity(self, version: int) -> int:
         """How many more groups may be granted at `version`."""
         live = self.granted - self.drops.total()
-        return (self.max_staleness + version + 1) * self.prompts_per_step - live
+        steps = self.max_staleness + version + 1
+        if self.max_steps is not None:
+            steps = min(steps, self.max_steps)
+        return steps * self.prompts_per_step - live
 
     def grant(self, actor_id: str, incarnation: str, max_groups: int,
               version: int) -> list[LeaseRecord]:

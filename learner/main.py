@@ -189,7 +189,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     buffer = ReplayBuffer(cfg.buffer.capacity_groups, cfg.max_staleness, cfg.buffer.max_reuse,
                           cfg.buffer.sampling, seed=cfg.learner.seed, drops=drops)
     leases = LeaseTable(task, cfg.learner.prompts_per_step, cfg.learner.group_size,
-                        cfg.max_staleness, drops=drops)
+                        cfg.max_staleness, drops=drops, max_steps=cfg.learner.max_steps)
     version = 0
     if checkpoint is not None:
         version = _restore(team.backend, leases, buffer, checkpoint)

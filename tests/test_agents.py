@@ -358,7 +358,7 @@ def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
                "route": await call("/v2/complete", {"messages": prompt}),
                "json": await call(path, b"{not json"),
                "not_prompt": await call(path, {"messages": [{"role": "user", "content": "1 + 1"}]}),
-               "temperature": await call(path, {"messages": prompt, "temperature": 0.3})}
+               "n": await call(path, {"messages": prompt, "n": 2})}
         out["first"] = await call(path, {"model": "tether", "messages": prompt, "max_tokens": 50})
         reply = out["first"][1]["choices"][0]["message"]
         out["edited"] = await call(path, {"messages": [*prompt, {"role": "assistant", "content": "x"},
@@ -375,7 +375,8 @@ def test_openai_endpoint_speaks_the_wire_format_and_refuses_bad_calls():
     assert out["route"][0] == 404
     assert out["json"][0] == 400 and "bad request body" in out["json"][1]["error"]["message"]
     assert out["not_prompt"][0] == 400 and "task prompt" in out["not_prompt"][1]["error"]["message"]
-    assert out["temperature"][0] == 400
+    assert out["n"][0] == 400 and "only n=1" in out["n"][1]["error"]["message"]
+    # a client's own temperature is answered (recorded as not applied): tests/test_openai_resend.py
     status, first = out["first"]
     assert status == 200 and first["object"] == "chat.completion"
     assert first["choices"][0] == {"index": 0, "finish_reason": "stop",

@@ -1,6 +1,6 @@
 import threading
 
-from buffer.accounting import Drops
+from buffer.accounting import DropReason, Drops
 from buffer.replay import ReplayBuffer
 
 from helpers import FakeTask, make_group
@@ -80,6 +80,17 @@ def test_capacity_rule_eta0_grants_one_batch_per_version():
     got = table.grant("b", "i0", 10, version=1)
     assert len(got) == 4 and all(r.min_version == 1 for r in got)
     assert [r.prompt.prompt_id for r in got] == [4, 5, 6, 7]
+
+
+def test_no_lease_is_granted_for_a_step_past_max_steps():
+    """The last version's announcement used to admit a batch for a step that never came."""
+    drops = Drops()
+    table = LeaseTable(FakeTask(), prompts_per_step=4, group_size=2, max_staleness=2, drops=drops,
+                       max_steps=2)
+    assert len(table.grant("a", "i0", 100, version=0)) == 8  # steps 1 and 2, not 3
+    assert table.grant("a", "i0", 100, version=2) == []
+    drops.add(DropReason.STALE, 1)  # a dropped group is still replaced
+    assert len(table.grant("a", "i0", 100, version=2)) == 1
 
 
 def test_capacity_rule_eta2_and_drops_free_capacity():

@@ -33,7 +33,8 @@ Retries: a call that repeats the last call's messages exactly (the OpenAI client
 a lost connection or a timeout) gets the last call's answer again and records nothing; a call
 whose body never arrived was never applied. So clients may keep their default `max_retries`.
 
-`temperature`, if given, must be the task's; `max_tokens` can only lower the per-turn limit.
+A client's own `temperature`, `top_p`, ... are not applied (rollouts sample with the task's) and
+are named in the answer's `tether_sampling`; `max_tokens` can only lower the per-turn limit.
 Past `max_turns` model turns or `max_total_tokens` tokens, an answer is empty with finish_reason
 "length". Only 127.0.0.1 is bound: the endpoint has no auth. Bodies over 1 MiB get 413.
 The HTTP server is aiohttp's, on the actor's event loop (actors/agents/openai/http.py).
