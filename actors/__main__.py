@@ -16,7 +16,7 @@ from pathlib import Path
 
 from actors import forked
 from actors.scratch import check_socket_room, scratch_dir
-from configs.loader import ConfigError, describe, load_config, setup_process
+from configs.loader import ConfigError, describe, exit_now, load_config, setup_process
 from configs.schema import StreamingEngineConfig, TetherConfig
 
 
@@ -116,4 +116,4 @@ def run_actor(cfg: TetherConfig, endpoint: str, ns: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

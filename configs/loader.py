@@ -18,6 +18,7 @@ import ast
 import inspect
 import os
 import re
+import sys
 import typing
 from pathlib import Path
 
@@ -296,6 +297,19 @@ def _describe_kinds(kinds: dict[str, type], prefix: str) -> list[str]:
 def _leaf(key: str, value: object, doc: str) -> str:
     shown = "required" if value is msgspec.NODEFAULT else repr(value)
     return f"  {key} = {shown}\n      {doc}"
+
+
+def exit_now(code: int) -> None:
+    """End the process with `code` once its own work is done: the atexit handlers run (they
+    flush the logs, end multiprocessing's helpers), then the process exits without the
+    interpreter's teardown, which frees every module and an engine's heap object by object and
+    took 0.4-4 s on a loaded machine. An actor told to stop ends within a second (#45)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def setup_process(tag: str) -> None:
