@@ -229,11 +229,12 @@ def test_floats_in_exponent_notation_and_spaced_tool_lists_load():
     assert cfg.learner.is_cap == 3.0 and isinstance(cfg.learner.is_cap, float)
 
 
-@pytest.mark.parametrize("task", ["reverse", "calculator"])
+@pytest.mark.parametrize("task", ["reverse", "calculator", "gsm8k"])
 def test_a_reward_for_a_task_that_scores_by_itself_is_an_error_naming_both(task):
     """task.reward was silently ignored by the tasks that score with their own reward."""
+    data = ["task.data_path=gsm8k.jsonl"] if task == "gsm8k" else []  # required (not read here)
     with pytest.raises(ConfigError) as e:
-        load_config(PRESET, [f"task.name={task}", "task.reward=nosuch:fn"])
+        load_config(PRESET, [f"task.name={task}", "task.reward=nosuch:fn", *data])
     assert str(e.value) == (f"task.reward must be empty with task.name={task} (that task scores "
                             "with its own reward; task.reward is used by task.name data, "
                             "additions or a task given by import path), got 'nosuch:fn'")
