@@ -209,8 +209,9 @@ if importlib.util.find_spec("learner.backends.registry"):  # the layout after is
     from learner.algo.trainer import Trainer
     from learner.backends.registry import make_backend
     ranks = distributed.start(L.backend)
-    backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device,
-                           activation_checkpointing=L.activation_checkpointing)
+    kw = ({{"activation_checkpointing": L.activation_checkpointing}}  # after issue #41
+          if hasattr(L, "activation_checkpointing") else {{}})
+    backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device, **kw)
 else:  # main before issue #41 (--before-root)
     from learner.algo.trainer import Trainer
     ranks = distributed.start(backend_kind)
