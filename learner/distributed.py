@@ -192,9 +192,10 @@ class Leader:
         self._send(Op.STEP, version, record.to_arrays(groups))
         return self.trainer.step(groups, version)
 
-    def gather_weights(self, version: int, publisher: Publisher, dtype: torch.dtype) -> None:
+    def gather_weights(self, version: int, publisher: Publisher) -> None:
         """Gather the full weights (LoRA: the adapter) tensor by tensor into `publisher`'s
-        queue, full weights cast to the engines' `dtype` on the way (only rank 0 keeps them).
+        queue, full weights in the engines' dtype (`publish_dtype`: each rank casts its shard
+        before the gather; only rank 0 keeps the result).
         Returns once the last tensor is queued; the packer thread announces the version
         (learner/publisher.py). LoRA tensors stay fp32: engines merge them into the base."""
         self._send(Op.GATHER, version)
@@ -202,7 +203,8 @@ class Leader:
             publisher.publish(version, self.backend.named_adapter_tensors(), kind="adapter",
                               lora=self.backend.lora)
             return
-        publisher.publish(version, self.backend.named_full_tensors(), dtype=dtype)
+        dtype = publish_dtype(self.trainer, self.ranks)
+        publisher.publish(version, self.backend.named_full_tensors(dtype), dtype=dtype)
 
     def gather_base(self) -> PackedWeights | None:
         """LoRA: the frozen base weights, gathered once (actors get them when they join);
@@ -244,6 +246,11 @@ class Leader:
                 dist.broadcast(torch.from_numpy(np.ascontiguousarray(a)).to(dev), src=0)
 
 
+def publish_dtype(trainer: Trainer, ranks: Ranks) -> torch.dtype:
+    """The dtype versions are published in: the engines' (`model.dtype`), on every rank."""
+    return torch_dtype(trainer.cfg.model.dtype, ranks.device)
+
+
 def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
     """Ranks 1..N-1: do what rank 0 says until it says STOP."""
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -258,7 +265,8 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
                 trainer.step(record.from_arrays(arrays), version)
                 steps += 1
             case Op.GATHER:
-                named = (backend.named_full_tensors() if backend.lora is None
+                named = (backend.named_full_tensors(publish_dtype(trainer, ranks))
+                         if backend.lora is None
                          else backend.named_adapter_tensors())
                 for _ in named:
                     pass

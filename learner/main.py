@@ -213,8 +213,7 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
     publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
                           lambda pub: server.announce(pub.full.manifest.version,
                                                       for_actors(cfg, pub)))
-    team.gather_weights(version, publisher,
-                        devices.torch_dtype(cfg.model.dtype, team.ranks.device))
+    team.gather_weights(version, publisher)
     publisher.wait()  # v is announced before anyone can ask
     _log_memory("published-weights copy")
     (run_dir / "endpoints.json").write_text(json.dumps(server.endpoints, indent=1))
@@ -283,8 +282,7 @@ def train(cfg: TetherConfig, team: distributed.Leader, st: LeadState, sigterm: _
                 _log_memory("first step (gradients, optimizer state, activations)")
             st.version += 1
             with tl.span("gather"):  # the packer thread packs and announces it
-                team.gather_weights(st.version, st.publisher,
-                                    devices.torch_dtype(cfg.model.dtype, team.ranks.device))
+                team.gather_weights(st.version, st.publisher)
             m.update(tl.end_step(st.version))
             snap = st.server.snapshot()
             st.metrics.record(st.version, m, step_t0, snap, st.buffer.counts())

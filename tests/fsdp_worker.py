@@ -172,6 +172,8 @@ def train_bf16(out: Path, model_dir: Path, ranks) -> None:
     """STEPS steps in bfloat16: the weights at the end and the metric rows."""
     backend, _, rows = _steps(config(model_dir, *BF16_OVERRIDES), ranks, out / "bf16_ckpt")
     write(out, "bf16_final.safetensors", dict(backend.named_full_tensors()))
+    # what a version is published as: each shard cast before the gather (learner/distributed.py)
+    write(out, "bf16_published.safetensors", dict(backend.named_full_tensors(torch.bfloat16)))
     if ranks.rank == 0:
         (out / "bf16_metrics.json").write_text(json.dumps(rows))
 

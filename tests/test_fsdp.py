@@ -361,6 +361,10 @@ def test_bf16_fsdp2_equals_single_process_bf16(fsdp_run, tiny_model_dir):
     rows = [trainer.step(fsdp_worker.synthetic_groups(cfg, s), s) for s in range(fsdp_worker.STEPS)]
     fsdp_rows = json.loads((fsdp_run / "bf16_metrics.json").read_text())
     got = load_file(str(fsdp_run / "bf16_final.safetensors"))
+    published = load_file(str(fsdp_run / "bf16_published.safetensors"))  # cast, then gathered
+    assert published.keys() == got.keys()
+    for k, t in got.items():  # bitwise what gathering fp32 and casting after gives
+        assert published[k].dtype == torch.bfloat16 and torch.equal(published[k], t.bfloat16()), k
     fp32 = load_file(str(fsdp_run / f"train_{fsdp_worker.STEPS}.safetensors"))
     single = backend.state_dict()
     worst = max(abs(f[k] - r[k]) / abs(r[k]) for r, f in zip(rows, fsdp_rows, strict=True)

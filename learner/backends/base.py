@@ -22,6 +22,11 @@ from models import lora as lora_lib
 from transport.messages import LoraSpec
 
 
+def cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`t` in `dtype` when it is floating point and `dtype` is given, else `t` itself."""
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+
 class Backend(Protocol):
     """What the trainer and the learner loop need from a training backend.
 
@@ -67,9 +72,12 @@ class Backend(Protocol):
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-rank shares of the loss statistics -> minibatch values (sum; max for `*_max`)."""
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors(self, dtype: torch.dtype | None = None
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
         """The full (unsharded) weights one tensor at a time, without tied duplicates; with
-        LoRA the frozen base (HF names, no adapters)."""
+        LoRA the frozen base (HF names, no adapters). `dtype`: floating tensors cast to it (a
+        sharded backend casts its shard before gathering: bf16 gathers half the bytes and no
+        rank holds a tensor's full fp32 copy)."""
 
     def named_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """LoRA: the adapter tensors (unsharded; models/lora.py wire names)."""

@@ -36,7 +36,8 @@ from torch.distributed.tensor import DTensor
 from configs.schema import LoraConfig
 from learner import checkpoint
 from learner.backends import sharded_load
-from learner.backends.base import ADAPTER_DIR, checkpoint_layers, trainable, with_lora
+from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, trainable,
+                                   with_lora)
 from models import lora as lora_lib
 from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import HEAD, without_tied
@@ -131,22 +132,25 @@ class FSDP2Backend:
                 out.update(zip(keys, t.cpu()))
         return {k: out[k] for k in stats}
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """All-gathers one tensor at a time (a collective: every rank must iterate to the end);
-        LoRA: the frozen base only."""
-        yield from self._gathered(adapters=False)
+    def named_full_tensors(self, dtype: torch.dtype | None = None
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        """All-gathers one tensor at a time (a collective: every rank must iterate to the end),
+        each shard cast to `dtype` first; LoRA: the frozen base only."""
+        yield from self._gathered(adapters=False, dtype=dtype)
 
     def named_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """LoRA: the adapters, all-gathered one at a time (a collective, like the above)."""
         yield from self._gathered(adapters=True)
 
-    def _gathered(self, adapters: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    def _gathered(self, adapters: bool, dtype: torch.dtype | None = None
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
         named = self.model.state_dict().items()
         if self.lora is not None:
             named = ((lora_lib.hf_name(k), t) for k, t in named
                      if lora_lib.is_adapter(lora_lib.hf_name(k)) == adapters)
         for name, t in without_tied(named, self.model.config.tie_word_embeddings):
-            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+            t = cast(t.detach(), dtype)  # a DTensor casts its local shard
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).cpu()
 
     def save_checkpoint(self, path: Path, extra: dict) -> None:
         checkpoint.save(path, self.model, self.optimizer, extra, "fsdp2", self.dp_rank, self.dp_size)

@@ -9,7 +9,8 @@ import torch
 
 from configs.schema import LORA_HEAD as HEAD_TARGET, LoraConfig
 from learner import checkpoint
-from learner.backends.base import ADAPTER_DIR, checkpoint_layers, trainable, with_lora
+from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, trainable,
+                                   with_lora)
 from models import lora as lora_lib
 from models.devices import compute
 from models.logprobs import token_logprobs, token_logprobs_entropy
@@ -78,8 +79,10 @@ class SingleProcessBackend:
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return stats
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.state_dict().items()
+    def named_full_tensors(self, dtype: torch.dtype | None = None
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, t in self.state_dict().items():
+            yield name, cast(t, dtype)
 
     def named_adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from self.adapter_state().items()

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from learner import checkpoint
+from learner.backends.base import cast
 from learner.backends.megatron import convert
 from learner.backends.megatron.cpu import cpu_redirects, init_rng_tracker
 from models.devices import compute
@@ -222,10 +223,11 @@ class MegatronBackend:
 
     # ---- weights out ----------------------------------------------------------------------
 
-    def named_full_tensors(self, grads: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors(self, dtype: torch.dtype | None = None, grads: bool = False
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
         """HF names and full tensors (`grads`: their gradients), one at a time, on every rank (a
         collective: every rank iterates to the end). TP shards are all-gathered; PP stages
-        broadcast in turn."""
+        broadcast in turn; each full tensor is then cast to `dtype`."""
         mine = self._own_hf_tensors(grads)
         pp_group = self.ps.get_pipeline_model_parallel_group()
         for stage in range(self.pp):
@@ -239,7 +241,7 @@ class MegatronBackend:
                     t = torch.empty(shape, device=self.device)
                 if self.pp > 1:
                     dist.broadcast(t, src=dist.get_global_rank(pp_group, stage), group=pp_group)
-                yield hf_name, t.detach().cpu()
+                yield hf_name, cast(t.detach(), dtype).cpu()
 
     def _own_hf_tensors(self, grads: bool) -> Iterator[tuple[str, torch.Tensor]]:
         tp_group = self.ps.get_tensor_model_parallel_group()
