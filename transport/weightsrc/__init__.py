@@ -8,9 +8,9 @@ Code: `learner/publisher.py` (packing) and this package (everything on the wire)
 Publishing
 
 `Leader.gather_weights` gathers the full weights one tensor at a time (an all-gather per tensor
-under FSDP2: no rank holds the whole model at once), casts each floating tensor to the engine
-dtype (`model.dtype`: bf16 halves what fp32 master weights would cost) and queues it for the
-learner's **packer thread**. The packer copies each tensor straight into its bucket (16-byte
+under FSDP2: no rank holds the whole model at once), each rank's shard cast to the engine dtype
+before the gather (`model.dtype`: bf16 halves what fp32 master weights would cost, on the wire
+between ranks too) and queues it for the learner's **packer thread**. The packer copies each tensor straight into its bucket (16-byte
 aligned, so engines rebuild tensors as views without copying), computes a BLAKE2b-128 digest per
 bucket, and, with `transport.weight_full_every` = K > 0, the delta against the previous version;
 then it announces the version. The queue holds two buckets' worth of tensors: the trainer blocks
