@@ -13,18 +13,26 @@ from conftest import ROOT
 RAISING = "def reward(completion, completion_ids, label, metadata):\n    raise KeyError('label')\n"
 
 
-def test_a_reward_that_always_raises_stops_the_run_with_one_line(tmp_path, tiny_model_dir):
-    """It used to be logged once per call, forever, while the run trained on zeros."""
-    (tmp_path / "bad_reward.py").write_text(RAISING)
+def _run_with_reward(tmp_path, model_dir, source: str, *overrides: str):
+    """The learner with one local actor on a small data task scored by a reward written from
+    `source`; returns the reward's spec and the finished learner process."""
+    (tmp_path / "reward.py").write_text(source)
     data = tmp_path / "rev.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"rev {i} {i} =", "label": f"{i} {i}"}) + "\n"
                             for i in range(10)) * 4)
-    spec = f"{tmp_path / 'bad_reward.py'}:reward"
+    spec = f"{tmp_path / 'reward.py'}:reward"
     r = subprocess.run([sys.executable, "-m", "learner", "-c", str(procs.PRESET),
-                        f"run_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
+                        f"run_dir={tmp_path / 'run'}", f"model.path={model_dir}",
                         "task.name=data", f"task.data_path={data}", f"task.reward={spec}",
-                        "task.eval_prompts=8", "task.reward_workers=1", "actors.num_local=1"],
+                        "actors.num_local=1", *overrides],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return spec, r
+
+
+def test_a_reward_that_always_raises_stops_the_run_with_one_line(tmp_path, tiny_model_dir):
+    """It used to be logged once per call, forever, while the run trained on zeros."""
+    spec, r = _run_with_reward(tmp_path, tiny_model_dir, RAISING, "task.eval_prompts=8",
+                               "task.reward_workers=1")
     assert r.returncode == 1, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last == (f"tether-learner: task.reward {spec} failed on 8 of 8 calls in the held-out "
@@ -56,19 +64,11 @@ def test_a_reward_that_always_hangs_costs_the_evaluation_its_timeouts_side_by_si
     zeros. 12 calls hanging (and up to 4 of the training samples') on 6 workers with a 5 s
     timeout: about 3 x 5 s side by side, where one after another is at least 60 s; then the run
     stops with one line."""
-    (tmp_path / "hang_reward.py").write_text(HANGING)
-    data = tmp_path / "rev.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"rev {i} {i} =", "label": f"{i} {i}"}) + "\n"
-                            for i in range(10)) * 4)
-    spec = f"{tmp_path / 'hang_reward.py'}:reward"
-    r = subprocess.run([sys.executable, "-m", "learner", "-c", str(procs.PRESET),
-                        f"run_dir={tmp_path / 'run'}", f"model.path={tiny_model_dir}",
-                        "task.name=data", f"task.data_path={data}", f"task.reward={spec}",
-                        "task.eval_prompts=12", "task.reward_workers=6",
-                        "task.reward_timeout_s=5", "actors.num_local=1",
-                        # little training work: its calls share the workers with evaluation's
-                        "learner.prompts_per_step=1", "learner.group_size=2"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    spec, r = _run_with_reward(
+        tmp_path, tiny_model_dir, HANGING, "task.eval_prompts=12", "task.reward_workers=6",
+        "task.reward_timeout_s=5",
+        # little training work: its calls share the workers with evaluation's
+        "learner.prompts_per_step=1", "learner.group_size=2")
     assert r.returncode == 1, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1].startswith(
         f"tether-learner: task.reward {spec} failed on 12 of 12 calls in the held-out "
