@@ -15,6 +15,7 @@ import os
 import sys
 
 from configs.loader import ConfigError, describe, load_config, setup_process
+from learner.host_memory import tune_malloc
 from learner.model_setup import missing_model
 from learner.obs import tracking
 from learner.run_dir import RunDirError, check
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = os.environ.get("RANK")
     setup_process("learner" if rank is None else f"learner[rank{rank}]")
+    tuned = tune_malloc()  # before torch allocates
+    logging.getLogger("learner").info("malloc: %s", tuned or "as the environment sets it")
     from configs.placement import PlacementError
     from learner.main import run
     from learner.reward_health import RewardFailing

@@ -145,7 +145,7 @@ class Publisher:
                 if (self.full_every and prev is not None
                         and prev.manifest.version == version - 1):
                     d = delta.make(packed, prev)
-                prev = packed if kind == "full" else None
+                prev = packed if kind == "full" and self.full_every else None
                 pub = Published(full=packed, delta=d)
                 self.deliver(pub)
                 log.info("published v%d (%s): %d buckets, %.3f MB%s, packed in %.2f s", version,

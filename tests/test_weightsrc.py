@@ -110,9 +110,35 @@ def test_offers_chain_deltas_resync_at_full_points_and_evict():
     store.add(pubs[7])
     store.add(pubs[8])  # v8 is a full point: everyone resynchronises
     assert keys(store.offer(7, 7, False)) == ["f8"]
-    assert sorted(k for k in store.blobs if k[0] == "f") == ["f7", "f8"]
+    assert sorted(k for k in store.blobs if k[0] == "f") == ["f8"]  # nobody fetches f7
     assert not [k for k in store.blobs if k[0] == "d"]
     assert store.bucket("f3", 0, "actor") is None and store.missing == 1
+
+
+def test_an_older_version_is_kept_exactly_while_a_peer_fetches_it():
+    pubs = _published([_state(), _step(_state(), 0), _step(_step(_state(), 0), 1)], 0)
+    store = VersionStore(full_every=0, hold_s=60.0)
+    store.add(pubs[0])
+    n = len(pubs[0].full.buckets)
+    assert n > 2
+    assert [x.key for x in store.offer(-1, -1, False, "a1")] == ["f0"]
+    store.bucket("f0", 0, "actor", "a1")
+    store.bucket("f0", 1, "relay", "r1")  # a relay's fetch begins with a bucket request
+    store.add(pubs[1])
+    assert sorted(store.blobs) == ["f0", "f1"]  # a1 and r1 are mid-fetch
+    for i in range(n):  # r1 asks for every bucket: its fetch is over, a1's is not
+        store.bucket("f0", i, "relay", "r1")
+    assert sorted(store.blobs) == ["f0", "f1"]
+    store.fetches[("a1", "f0")].last -= 61  # a1 went silent past hold_s
+    store.add(pubs[2])
+    assert sorted(store.blobs) == ["f2"] and not store.fetches
+    assert store.bucket("f0", 2, "actor", "a1") is None  # a1 will ask for the newest
+    # a new request ends the peer's earlier fetch, even one that asked for no bucket yet
+    store.offer(-1, -1, False, "a2")
+    store.add(Published(full=pack(_state(), 3, 16 * 1024, dtype=torch.bfloat16)))
+    assert sorted(store.blobs) == ["f2", "f3"]
+    assert [x.key for x in store.offer(2, -1, False, "a2")] == ["f3"]
+    assert sorted(store.blobs) == ["f3"]
 
 
 def test_relays_form_a_chain_or_a_tree_with_a_fallback_each():

@@ -28,7 +28,7 @@ class WeightsService:
         self.t = t
         self.is_actor = is_actor
         self.reject = reject
-        self.store = VersionStore(t.weight_full_every, base)
+        self.store = VersionStore(t.weight_full_every, base, hold_s=t.peer_timeout_s)
         self.relays = RelayTree(t.relay_fanout, t.peer_timeout_s)
         self.version = -1
         self.enc = m.encoder()
@@ -70,7 +70,8 @@ class WeightsService:
             case m.WeightRequest() if self.nccl is not None:
                 self._park(identity, req)
             case m.WeightRequest():
-                manifests = self.store.offer(req.have_version, req.held_version, req.need_base)
+                manifests = self.store.offer(req.have_version, req.held_version, req.need_base,
+                                             req.actor_id)
                 relays = self.relays.ordered() if self.t.weights_via == "relay" else []
                 self._send(identity, m.WeightOffer(
                     request_id=req.request_id, latest_version=self.version, manifests=manifests,
@@ -82,7 +83,7 @@ class WeightsService:
                     self.reject("not_registered", f"weights: peer {req.peer_id!r} is neither a "
                                 "joined actor nor a relay")
                     return
-                data = self.store.bucket(req.key, req.index, kind)
+                data = self.store.bucket(req.key, req.index, kind, req.peer_id)
                 head = m.WeightBucket(version=self.version, index=req.index,
                                       nbytes=0 if data is None else len(data), key=req.key,
                                       request_id=req.request_id, found=data is not None)

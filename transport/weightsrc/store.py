@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from transport import messages as m
 from transport.weights import PackedWeights
 
-FULLS_KEPT = 2
-
 
 @dataclass(frozen=True)
 class Published:
@@ -34,10 +32,24 @@ class Published:
     delta: PackedWeights | None = None
 
 
+@dataclass
+class _Fetch:
+    """One peer's fetch of one full version: the bucket indices it asked for, and when last."""
+
+    asked: set[int] = field(default_factory=set)
+    last: float = field(default_factory=time.monotonic)
+
+
 class VersionStore:
-    def __init__(self, full_every: int, base: PackedWeights | None = None) -> None:
+    def __init__(self, full_every: int, base: PackedWeights | None = None,
+                 hold_s: float = 60.0) -> None:
+        """`hold_s`: how long an older version stays for a peer that stopped asking for its
+        buckets (transport.peer_timeout_s)."""
         self.full_every = full_every
         self.base = base
+        self.hold_s = hold_s
+        self.fetches: dict[tuple[str, str], _Fetch] = {}
+        """(peer, full key) -> the peer's fetch in progress."""
         self.latest: PackedWeights | None = None
         self.blobs: dict[str, PackedWeights] = {} if base is None else {base.manifest.key: base}
         """Buckets by manifest key (f12, d12, a12, b)."""
@@ -54,20 +66,45 @@ class VersionStore:
         if pub.delta is not None:
             self.blobs[pub.delta.manifest.key] = pub.delta
         point = self._full_point(v)
-        fulls = sorted((p.manifest.version, k) for k, p in self.blobs.items()
-                       if k[:1] in ("f", "a", ""))
-        old = {k for _, k in fulls[:-FULLS_KEPT]}
-        old |= {k for k, p in self.blobs.items() if k[:1] == "d" and p.manifest.version <= point}
-        for k in old:
+        for k in [k for k, p in self.blobs.items() if k[:1] == "d" and p.manifest.version <= point]:
             del self.blobs[k]
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop every full version but the newest that no peer is fetching."""
+        now = time.monotonic()
+        for key in [key for key, f in self.fetches.items() if now - f.last > self.hold_s]:
+            del self.fetches[key]
+        fetched = {k for _, k in self.fetches}
+        for k in [k for k, p in self.blobs.items() if k[:1] in ("f", "a", "")
+                  and p is not self.latest and k not in fetched]:
+            del self.blobs[k]
+
+    def _fetching(self, peer: str, key: str, index: int | None = None) -> None:
+        """Note `peer`'s interest in the full version `key` (an offer: index None; a bucket
+        request: its index); a fetch that asked for every bucket is over."""
+        packed = self.blobs.get(key)
+        if packed is None or key[:1] not in ("f", "a", ""):
+            return
+        f = self.fetches.setdefault((peer, key), _Fetch())
+        f.last = time.monotonic()
+        if index is not None:
+            f.asked.add(index)
+        if len(f.asked) == len(packed.buckets):
+            del self.fetches[(peer, key)]
+            self._evict()
 
     def _full_point(self, v: int) -> int:
         return v - v % self.full_every if self.full_every else v
 
-    def offer(self, have: int, held: int, need_base: bool) -> list[m.WeightManifest]:
+    def offer(self, have: int, held: int, need_base: bool,
+              peer: str = "") -> list[m.WeightManifest]:
         """The manifests a peer whose engine has version `have`, and which keeps the decoded
         buckets of version `held` (-1: none), fetches to reach the newest version (empty: it
-        has it, or nothing is published yet)."""
+        has it, or nothing is published yet). A new request ends the peer's earlier fetches."""
+        for key in [key for key in self.fetches if key[0] == peer]:
+            del self.fetches[key]
+        self._evict()
         latest = self.latest
         if latest is None or have >= latest.manifest.version:
             return []
@@ -77,16 +114,19 @@ class VersionStore:
         if (held >= 0 and held >= self._full_point(v) and chain and None not in chain
                 and sum(p.manifest.total_bytes for p in chain) < latest.manifest.total_bytes):
             return out + [p.manifest for p in chain]
+        self._fetching(peer, latest.manifest.key)
         return out + [latest.manifest]
 
-    def bucket(self, key: str, index: int, requester: str):
-        """Bucket `index` of `key` (zero-copy), or None if not held."""
+    def bucket(self, key: str, index: int, requester: str, peer: str = ""):
+        """Bucket `index` of `key` (zero-copy), or None if not held. `requester`: the peer's
+        kind, for the byte counts."""
         packed = self.blobs.get(key)
         if packed is None or not 0 <= index < len(packed.buckets):
             self.missing += 1
             return None
         data = packed.buckets[index]
         self.sent_bytes[requester] += len(data)
+        self._fetching(peer, key, index)
         return data
 
 
