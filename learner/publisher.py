@@ -3,7 +3,7 @@ critical path.
 
     trainer thread (rank 0)                         packer thread
       publish(v, tensors):                            pack(): copy each tensor into its bucket
-        per tensor: gather (a collective under          ─▶ BLAKE2b digest of every bucket
+        per tensor: gather (a collective under          ─▶ SHA-256 digest of every bucket
         FSDP2) ─▶ cast to the engine dtype (the         ─▶ delta against v - 1 (XOR + zstd,
         copy that snapshots it) ─▶ put ───▶ queue ──▶       transport.weight_full_every > 0)
       returns once the last tensor is queued            ─▶ deliver(Published): announce v

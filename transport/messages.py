@@ -33,7 +33,7 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """2: VersionAnnounce (new versions no longer ride on HeartbeatAck); Heartbeat without
 leases_held. 3: LoRA (WeightManifest.kind and .lora, WeightRequest.need_base). 4: GroupResult is
 columnar (one Array per token column for the whole group; Sample.num_tokens). 5: Hello.leases_held
@@ -43,7 +43,7 @@ ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7:
 (actors stream each finished sample to the scorer fleet). 9: weights are offered (WeightOffer:
 manifests with a BLAKE2b digest per bucket, deltas, relays, NCCL) and pulled bucket by bucket
 (BucketRequest), from the learner or a relay (RelayHello / RelayWelcome);
-Heartbeat.corrupt_buckets."""
+Heartbeat.corrupt_buckets. 10: the buckets' digests are SHA-256."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -395,9 +395,9 @@ class WeightManifest(msgspec.Struct, tag="manifest"):
     base_version: int = -1
     """xor-zstd: the version the delta applies to (always version - 1)."""
     digests: list[bytes] = []
-    """BLAKE2b-128 of each bucket as it travels (checked before anything is decoded)."""
+    """SHA-256 of each bucket as it travels (checked before anything is decoded)."""
     raw_digests: list[bytes] = []
-    """BLAKE2b-128 of each bucket's decoded bytes, the tensors' layout (= digests for raw)."""
+    """SHA-256 of each bucket's decoded bytes, the tensors' layout (= digests for raw)."""
     raw_sizes: list[int] = []
     """Each bucket's decoded size in bytes (what the tensors' offsets index)."""
 

@@ -11,7 +11,7 @@ Publishing
 under FSDP2: no rank holds the whole model at once), each rank's shard cast to the engine dtype
 before the gather (`model.dtype`: bf16 halves what fp32 master weights would cost, on the wire
 between ranks too) and queues it for the learner's **packer thread**. The packer copies each tensor straight into its bucket (16-byte
-aligned, so engines rebuild tensors as views without copying), computes a BLAKE2b-128 digest per
+aligned, so engines rebuild tensors as views without copying), computes a SHA-256 digest per
 bucket, and, with `transport.weight_full_every` = K > 0, the delta against the previous version;
 then it announces the version. The queue holds two buckets' worth of tensors: the trainer blocks
 only while the packer is that far behind (backpressure), so digests and deltas run beside the

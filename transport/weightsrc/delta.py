@@ -3,7 +3,7 @@
 Version v+1 is packed with exactly the layout of v (same tensors, order, dtypes, buckets), so
 bucket i of v+1 XOR bucket i of v is zero wherever an element did not change; zstd squeezes
 those zeros. Decoding XORs the decompressed bytes into the held bucket of v in place, which
-then is v+1, bit for bit (its BLAKE2b is checked against the learner's `raw_digests`).
+then is v+1, bit for bit (its SHA-256 is checked against the learner's `raw_digests`).
 """
 
 from __future__ import annotations

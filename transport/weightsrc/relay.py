@@ -13,7 +13,7 @@ or the learner itself.
                                                                      however many peers wait
         upstream relay ─(timeout, not found, digest differs)─▶ its upstream ─▶ the learner
 
-What blocks where: nothing; every request is a task. A bucket is cached only after its BLAKE2b
+What blocks where: nothing; every request is a task. A bucket is cached only after its SHA-256
 matched the digest the requester named (which it took from the learner's manifest), so a bad
 upstream cannot poison the cache for honest peers. The cache keeps the buckets of the newest
 `keep_versions` versions (max_staleness + 3). A killed relay loses nothing: its peers time out
