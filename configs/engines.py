@@ -26,6 +26,11 @@ class HFEngineConfig(Kind, tag="hf"):
         """GPUs one engine of this section spans where the node has GPUs."""
         return 0 if self.device == "cpu" else 1
 
+    def weight_broadcast(self) -> str | None:
+        """How engines of this kind receive `transport.weights_via: nccl` (a key of
+        transport/weightsrc/nccl.py PRODUCERS), None: they cannot."""
+        return None
+
 
 class StreamingEngineConfig(Kind):
     """What the streaming engines (vLLM, SGLang) share: new weights reach running requests."""
@@ -58,6 +63,9 @@ class VLLMEngineConfig(StreamingEngineConfig, tag="vllm"):
     def gpus(self) -> int:
         return self.tensor_parallel_size
 
+    def weight_broadcast(self) -> str | None:
+        return "vllm"  # vLLM's weight-transfer engine (packed tensors, NCCL only)
+
 
 class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
     """SGLang (its own venv; docs/engines/sglang.md)."""
@@ -74,6 +82,9 @@ class SGLangEngineConfig(StreamingEngineConfig, tag="sglang"):
     def gpus(self) -> int:
         return self.tp_size
 
+    def weight_broadcast(self) -> str | None:
+        return "torch"  # update_weights_from_distributed: torch.distributed, NCCL or gloo
+
 
 class SimulatedEngineConfig(Kind, tag="simulated"):
     """No model: random tokens after a simulated latency (load tests, benchmarks)."""
@@ -85,6 +96,9 @@ class SimulatedEngineConfig(Kind, tag="simulated"):
 
     def gpus(self) -> int:
         return 0
+
+    def weight_broadcast(self) -> str | None:
+        return None
 
 
 EngineConfig = HFEngineConfig | VLLMEngineConfig | SGLangEngineConfig | SimulatedEngineConfig

@@ -319,7 +319,7 @@ class TransportConfig(Section):
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
     nccl_engines: NonNegative = 0
-    """nccl: the vLLM engines in the broadcast."""
+    """nccl: the vLLM or SGLang engines in the broadcast."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 1
     """Relays fed by each relay (1: a chain)."""
     weights_dir: str = ""
@@ -422,9 +422,10 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
              "learner.backend.tp * learner.backend.pp",
              f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
     if T.weights_via == "nccl":
-        need(isinstance(A.engine, VLLMEngineConfig) and T.nccl_engines >= 1 and L.lora.rank == 0,
-             "transport.weights_via", "zmq, relay or filesystem unless actors.engine=vllm with "
-             "transport.nccl_engines >= 1 and full weights (learner.lora.rank 0)", T.weights_via)
+        need(A.engine.weight_broadcast() is not None and T.nccl_engines >= 1
+             and L.lora.rank == 0, "transport.weights_via", "zmq, relay or filesystem unless "
+             "actors.engine is vllm or sglang with transport.nccl_engines >= 1 and full weights "
+             "(learner.lora.rank 0)", T.weights_via)
     if isinstance(agent, MultiTurnAgentConfig):
         need(agent.max_total_tokens >= task.max_new_tokens, "actors.agent.max_total_tokens",
              f">= task.max_new_tokens={task.max_new_tokens}", agent.max_total_tokens)

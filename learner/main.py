@@ -206,7 +206,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
 
         host = cfg.transport.advertise_host or cfg.transport.host
         nccl = NcclBroadcaster(socket.gethostname() if host == "0.0.0.0" else host,
-                               cfg.transport.nccl_engines, team.ranks.device)
+                               cfg.transport.nccl_engines, team.ranks.device,
+                               cfg.actors.engine.weight_broadcast())
     server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base, nccl=nccl)
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline

@@ -225,7 +225,7 @@ def test_versions_reach_a_vllm_actor_by_nccl_broadcast(tmp_path, tiny_model_dir)
         for p in (actor, lp):
             if p is not None:
                 p.kill()
-    loaded = [int(v) for v in re.findall(r"loaded weights v(\d+) \(full, by NCCL broadcast\)",
+    loaded = [int(v) for v in re.findall(r"loaded weights v(\d+) \(full, by nccl broadcast\)",
                                          "".join(actor.lines))]
     assert loaded and loaded == sorted(loaded) and loaded[-1] >= 3, actor.tail()
     assert s["weights_sent_bytes"] == {}  # no bucket went over ZeroMQ

@@ -58,6 +58,30 @@ def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
     refs.check_inflight_update(engine, tiny_model_dir, mode)
 
 
+def test_versions_arrive_by_the_learners_broadcast_over_gloo(engine, tiny_model_dir):
+    """transport.weights_via=nccl's SGLang path, run on CPU with gloo: the learner's
+    broadcaster (transport/weightsrc/nccl.py) sends two versions over one group into the
+    running engine (update_weights_from_distributed); its logprobs then match each version."""
+    import torch
+
+    from transport.weights import pack
+    from transport.weightsrc.nccl import NcclBroadcaster, broadcast_manifest
+
+    sender = NcclBroadcaster("127.0.0.1", 1, torch.device("cpu"), "torch")
+    assert sender.plan(1).backend == "gloo"
+    ps = refs.prompts(tiny_model_dir, 4)
+    for v, seed in ((50, 8), (51, 9)):
+        state = refs.noisy_state(tiny_model_dir, 0.3, seed=seed)
+        packed = pack(state, v, 64 * 1024)
+        sender.broadcast(packed)
+        engine.loop.run_until_complete(
+            engine.receive_broadcast(broadcast_manifest(packed.manifest), sender.plan(1)))
+        model = refs.hf_model(tiny_model_dir, state)
+        for p, c in zip(ps, refs.generate(engine, ps, 5, 1.0)):
+            assert (c.versions == v).all()
+            assert np.abs(refs.reference(model, p, c.token_ids, 1.0) - c.logprobs).max() < 1e-3
+
+
 def test_filesystem_weights_load_from_disk(engine, tiny_model_dir, tmp_path):
     """transport.weights_via=filesystem: the version file the learner writes loads with
     update_weights_from_disk and the logprobs are that version's."""
@@ -112,6 +136,25 @@ def test_two_sglang_actor_processes_and_a_vllm_actor_learn_the_toy_task(tmp_path
     done = [int(re.search(r"done: (\d+) groups generated", text).group(1))
             for text in (*sglang_logs, vllm_log)]
     assert min(done) >= 20, done  # every actor, of both engines, really contributed
+
+
+def test_an_sglang_actor_trains_on_versions_broadcast_by_the_learner(tmp_path, tiny_model_dir):
+    """transport.weights_via=nccl end to end on CPU: the learner (gloo, its CPU device)
+    parks the SGLang actor's requests, offers each version with its NcclPlan and broadcasts
+    it; the actor receives every version it trains on that way, none over ZeroMQ."""
+    import procs
+
+    run = tmp_path / "run"
+    lp = procs.learner(run, tiny_model_dir, "learner.checkpoint_every=0", "learner.max_steps=4",
+                       "actors.num_local=1", "transport.weights_via=nccl",
+                       "transport.nccl_engines=1", "task.eval_prompts=0",
+                       preset=procs.ROOT / "configs" / "toy_reverse_sglang.yaml")
+    procs.finish_clean(lp, run, 4, timeout=600)
+    text = (run / "logs" / "actor-0.log").read_text()
+    broadcast = re.findall(r"loaded weights v(\d+) \(full, by gloo broadcast\)", text)
+    assert len(broadcast) >= 2 and "0" in broadcast, text[-3000:]
+    assert not re.search(r"loaded weights v\d+ \(full, [\d.]+ MB", text), text[-3000:]
+    assert "broadcast v0 to 1 engine(s)" in lp.tail(200000), lp.tail()
 
 
 @pytest.mark.slow

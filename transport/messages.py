@@ -43,7 +43,7 @@ ScorerWelcome, ScorerHeartbeat, ScoreBatch, ScoreDone on the control socket). 7:
 (actors stream each finished sample to the scorer fleet). 9: weights are offered (WeightOffer:
 manifests with a BLAKE2b digest per bucket, deltas, relays, NCCL) and pulled bucket by bucket
 (BucketRequest), from the learner or a relay (RelayHello / RelayWelcome);
-Heartbeat.corrupt_buckets. 10: the buckets' digests are SHA-256."""
+Heartbeat.corrupt_buckets. 10: the buckets' digests are SHA-256; NcclPlan.backend."""
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "float32", "float16", "bfloat16")
 """Dtype names an `Array` may carry (bfloat16 only inside weight buckets: numpy has none)."""
@@ -419,6 +419,8 @@ class NcclPlan(msgspec.Struct, frozen=True):
     master_port: int
     world_size: int
     rank_offset: int
+    backend: str = "nccl"
+    """The collective's backend: nccl, or gloo where the learner runs on CPU (SGLang only)."""
 
 
 class WeightOffer(msgspec.Struct, tag="offer"):

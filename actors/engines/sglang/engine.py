@@ -145,6 +145,8 @@ class SGLangEngine(StreamingEngine):
         root.handlers[:] = handlers  # SGLang's logging.basicConfig(force=True) replaced the actor's
         root.setLevel(level)
         self._on_sigterm = on_sigterm
+        self._group_joined = False
+        """transport.weights_via=nccl: joined the learner's broadcast group."""
         running = str(self.engine.tokenizer_manager.model_config.dtype)
         if running != f"torch.{dtype}":  # behavior logprobs' dtype: what the learner checks
             self.engine.shutdown()
@@ -264,6 +266,40 @@ class SGLangEngine(StreamingEngine):
                 flush_cache=last, weight_version=str(manifest.version) if last else None), None),
                 f"update_weights_from_tensor (v{manifest.version}, bucket {i})")
         _check(await tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
+
+    async def receive_broadcast(self, manifest, plan) -> None:
+        """Version `manifest.version` by the learner's broadcast (transport/weightsrc/nccl.py,
+        SGLang's update_weights_from_distributed): join the group on the first call (it blocks
+        until the learner and every engine joined), then pause, receive, resume."""
+        from sglang.srt.managers.io_struct import (BeginWeightUpdateReqInput,
+                                                   EndWeightUpdateReqInput,
+                                                   InitWeightsUpdateGroupReqInput,
+                                                   UpdateWeightsFromDistributedReqInput)
+
+        from transport.weightsrc.nccl import GROUP
+
+        self._attach()
+        tm = self.engine.tokenizer_manager
+        if not self._group_joined:
+            _check(await tm.init_weights_update_group(InitWeightsUpdateGroupReqInput(
+                master_address=plan.master_address, master_port=plan.master_port,
+                rank_offset=plan.rank_offset, world_size=plan.world_size, group_name=GROUP,
+                backend=plan.backend), None), "init_weights_update_group")
+            self._group_joined = True
+
+        async def receive() -> None:
+            _check(await tm.begin_weight_update(BeginWeightUpdateReqInput(), None),
+                   "begin_weight_update")
+            _check(await tm.update_weights_from_distributed(UpdateWeightsFromDistributedReqInput(
+                names=[t.name for t in manifest.tensors],
+                dtypes=[t.dtype for t in manifest.tensors],
+                shapes=[list(t.shape) for t in manifest.tensors], group_name=GROUP,
+                flush_cache=True, weight_version=str(manifest.version)), None),
+                f"update_weights_from_distributed (v{manifest.version})")
+            _check(await tm.end_weight_update(EndWeightUpdateReqInput(), None),
+                   "end_weight_update")
+
+        await self._update(manifest.version, receive(), self.update_mode)
 
     async def _load_disk(self, path: str, version: int) -> None:
         from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
