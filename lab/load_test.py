@@ -29,16 +29,29 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def drive(cfg, endpoint: str, n: int, seconds: float, learner: subprocess.Popen) -> dict:
+def steps_done(run_dir: Path) -> int:
+    """Steps the learner has finished: metrics.jsonl has one flushed line per step."""
+    path = run_dir / "metrics.jsonl"
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+async def drive(cfg, endpoint: str, n: int, seconds: float, learner: subprocess.Popen,
+                min_steps: int = 0, max_seconds: float = 300.0) -> dict:
+    """Run `n` simulated actors for `seconds`, and on until the learner finished `min_steps`
+    (a slow machine gets the same traffic, not a shorter run; at most `max_seconds`)."""
     from actors.actor import Actor
 
     actors = [Actor(cfg, endpoint, f"sim-{i}", Path(cfg.run_dir) / "sim_cache") for i in range(n)]
     tasks = [asyncio.create_task(a.run()) for a in actors]
     samples = []
     t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
+    while True:
         await asyncio.sleep(1.0)  # sampling period of the memory probe
-        samples.append((round(time.monotonic() - t0, 1), rss_mb(learner.pid), rss_mb(os.getpid())))
+        elapsed = time.monotonic() - t0
+        samples.append((round(elapsed, 1), rss_mb(learner.pid), rss_mb(os.getpid())))
+        if elapsed >= seconds and (steps_done(Path(cfg.run_dir)) >= min_steps
+                                   or elapsed >= max_seconds):
+            break
     learner.send_signal(signal.SIGTERM)  # checkpoint, Shutdown to every actor
     codes = await asyncio.gather(*tasks)
     return {"memory": samples, "actor_exit_codes": sorted(set(codes)),
@@ -49,6 +62,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--actors", type=int, default=64)
     p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--min-steps", type=int, default=0,
+                   help="go on past --seconds until the learner finished this many steps")
     p.add_argument("--out", default="runs/load")
     p.add_argument("overrides", nargs="*")
     ns = p.parse_args()
@@ -68,13 +83,15 @@ def main() -> None:
         assert learner.poll() is None, "learner exited; see learner.log"
         time.sleep(0.2)
     endpoint = json.loads((out / "endpoints.json").read_text())["control"]
-    result = asyncio.run(drive(cfg, endpoint, ns.actors, ns.seconds, learner))
+    t0 = time.monotonic()
+    result = asyncio.run(drive(cfg, endpoint, ns.actors, ns.seconds, learner, ns.min_steps))
+    seconds = time.monotonic() - t0
     learner.wait(timeout=120)
     summary = json.loads((out / "summary.json").read_text())
     mem = result["memory"]
     report = {
-        "actors": ns.actors, "seconds": ns.seconds, "steps": summary["steps"],
-        "steps_per_s": summary["steps"] / ns.seconds,
+        "actors": ns.actors, "seconds": round(seconds, 1), "steps": summary["steps"],
+        "steps_per_s": summary["steps"] / seconds,
         "groups_consumed": summary["groups"]["consumed"],
         "groups_generated": result["groups_generated"],
         "accounting_ok": summary["accounting_ok"], "groups": summary["groups"],
