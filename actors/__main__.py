@@ -8,7 +8,6 @@ config errors are instant.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -16,7 +15,8 @@ from pathlib import Path
 
 from actors import forked
 from actors.scratch import check_socket_room, scratch_dir
-from configs.loader import ConfigError, describe, exit_now, load_config, setup_process
+from configs.loader import (ConfigError, describe, exit_now, load_config, resolve_endpoint,
+                            setup_process)
 from configs.schema import StreamingEngineConfig, TetherConfig
 
 
@@ -48,24 +48,6 @@ def _cpu_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--cpus must be core numbers joined by commas (e.g. 0,1), "
                                          f"got {text!r}")
     return [int(c) for c in cores]
-
-
-def resolve_endpoint(target: str) -> str:
-    """tcp://h:p, h:p, a run directory or an endpoints.json -> the control endpoint."""
-    path = Path(target)
-    if path.is_dir():
-        path = path / "endpoints.json"
-    if path.suffix == ".json":
-        if not path.exists():
-            raise ConfigError(f"{path} does not exist (has the learner started?)")
-        return json.loads(path.read_text())["control"]
-    if target.startswith("tcp://"):
-        return target
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"learner address {target!r} must be tcp://host:port, host:port, "
-                          "a run directory or an endpoints.json")
-    return f"tcp://{host}:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:

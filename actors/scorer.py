@@ -298,8 +298,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from actors.__main__ import resolve_endpoint
-    from configs.loader import ConfigError, load_config, setup_process
+    from configs.loader import ConfigError, load_config, resolve_endpoint, setup_process
 
     ns = parse_args(sys.argv[1:] if argv is None else argv)
     overrides = [a for a in ns.args if "=" in a and not a.startswith("tcp://")]

@@ -15,6 +15,7 @@ rules between fields. Entry points print the line and exit with status 2.
 from __future__ import annotations
 
 import ast
+import json
 import inspect
 import os
 import re
@@ -322,3 +323,23 @@ def setup_process(tag: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(levelname)s %(message)s")
     for name in ("httpx", "httpx2"):  # OpenAI-client agents: a line per call
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def resolve_endpoint(target: str, socket: str = "control") -> str:
+    """A role's LEARNER argument -> the learner's `socket` endpoint ("control" for actors and
+    scorers, "weights" for relays): tcp://host:port or host:port as given, or a run directory
+    or endpoints.json (which the learner writes once its sockets are bound)."""
+    path = Path(target)
+    if path.is_dir():
+        path = path / "endpoints.json"
+    if path.suffix == ".json":
+        if not path.exists():
+            raise ConfigError(f"{path} does not exist (has the learner started?)")
+        return json.loads(path.read_text())[socket]
+    if target.startswith("tcp://"):
+        return target
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"learner address {target!r} must be tcp://host:port, host:port, "
+                          f"a run directory or an endpoints.json (for its {socket} endpoint)")
+    return f"tcp://{host}:{port}"

@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -260,3 +261,18 @@ def test_a_missing_model_path_is_one_line_unless_the_toy_model_was_asked_for(tmp
     # the toy presets ask for it explicitly, as run.sh's default does
     for preset in ("toy_reverse.yaml", "toy_calculator.yaml"):
         assert load_config(ROOT / "configs" / preset).model.build_tiny
+
+
+def test_a_roles_learner_address_resolves_to_the_socket_it_needs(tmp_path):
+    from configs.loader import resolve_endpoint
+
+    (tmp_path / "endpoints.json").write_text(json.dumps(
+        {"control": "tcp://a:1", "weights": "tcp://a:3"}))
+    assert resolve_endpoint(str(tmp_path)) == "tcp://a:1"
+    assert resolve_endpoint(str(tmp_path / "endpoints.json"), "weights") == "tcp://a:3"
+    assert resolve_endpoint("nodeA:5555") == "tcp://nodeA:5555"
+    assert resolve_endpoint("tcp://nodeA:5555", "weights") == "tcp://nodeA:5555"
+    with pytest.raises(ConfigError, match="has the learner started"):
+        resolve_endpoint(str(tmp_path / "other.json"))
+    with pytest.raises(ConfigError, match=r"'nodeA' must be tcp://host:port"):
+        resolve_endpoint("nodeA")

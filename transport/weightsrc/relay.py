@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import socket
 import sys
 from collections import Counter
-from pathlib import Path
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from configs.loader import ConfigError, load_config, setup_process
+from configs.loader import ConfigError, load_config, resolve_endpoint, setup_process
 from configs.schema import TransportConfig
 from transport import messages as m
 from transport import security
@@ -219,21 +217,6 @@ class Relay:
             del self.cache[k]
 
 
-def resolve_weights_endpoint(target: str) -> str:
-    """tcp://h:p (the weights endpoint), a run directory or an endpoints.json."""
-    path = Path(target)
-    if path.is_dir():
-        path = path / "endpoints.json"
-    if path.suffix == ".json":
-        if not path.exists():
-            raise ConfigError(f"{path} does not exist (has the learner started?)")
-        return json.loads(path.read_text())["weights"]
-    if target.startswith("tcp://"):
-        return target
-    raise ConfigError(f"learner address {target!r} must be tcp://host:port (its weights "
-                      "endpoint), a run directory or an endpoints.json")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tether-relay", description=__doc__.split("\n")[0])
     p.add_argument("-c", "--config", help="YAML preset (the run's config.yaml)")
@@ -250,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(ns.config, overrides)
         if len(targets) != 1:
             raise ConfigError(f"give exactly one learner address, got {targets or 'none'}")
-        endpoint = resolve_weights_endpoint(targets[0])
+        endpoint = resolve_endpoint(targets[0], "weights")
     except ConfigError as e:
         print(f"tether-relay: {e}", file=sys.stderr)
         return 2
