@@ -5,8 +5,8 @@
 
 train:  (0) sharded loading: each rank's shards against the files (`check_load`);
         (1) for each loss aggregation, one step with clipping off on batch 0: the loss metrics
-        and the full gradients go to OUT/grads_{agg}.* (and to OUT/grads_micro.* for token_mean
-        with MICRO_OVERRIDES); (2) STEPS steps on batches 0..STEPS-1,
+        and the full gradients go to OUT/grads_{agg}.* (and to OUT/grads_micro*.* for token_mean
+        with MICRO_OVERRIDES and UNEVEN_OVERRIDES); (2) STEPS steps on batches 0..STEPS-1,
         a DCP checkpoint after step CKPT_AT, the full weights after every step, an HF export;
         (3) the same with a critic and a reference model (`train_algos`).
 lora:   STEPS steps with LoRA adapters (LORA_OVERRIDES, with the frozen-base KL reference):
@@ -54,6 +54,9 @@ the adapter-free base."""
 MICRO_OVERRIDES = ["learner.max_tokens_per_microbatch=48", "learner.activation_checkpointing=true"]
 """The one-step gradients again with micro-batches (each rank's 16 rows in several) and
 activation checkpointing: still the single-process one-batch gradients."""
+UNEVEN_OVERRIDES = ["learner.max_tokens_per_microbatch=32", "learner.activation_checkpointing=true"]
+"""The same with a budget that splits rank 0's share into 6 micro-batches and rank 1's into 7
+(tests/test_fsdp.py checks): rank 0 runs a stand-in, or the ranks' collectives would hang."""
 
 
 def config(model_dir: Path, *overrides: str):
@@ -144,7 +147,7 @@ def check_load(out: Path, model_dir: Path, ranks) -> None:
 def train(out: Path, model_dir: Path, ranks) -> None:
     check_load(out, model_dir, ranks)
     for name, extra in [*((agg, [f"learner.loss_agg={agg}"]) for agg in LOSS_AGGS),
-                        ("micro", MICRO_OVERRIDES)]:
+                        ("micro", MICRO_OVERRIDES), ("micro_uneven", UNEVEN_OVERRIDES)]:
         cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1", *extra)
         backend, trainer = make(cfg, ranks)
         metrics = trainer.step(synthetic_groups(cfg, 0), 0)

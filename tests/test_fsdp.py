@@ -25,6 +25,8 @@ from buffer import record
 from configs.schema import FSDP2BackendConfig, SingleBackendConfig
 from learner import distributed
 from learner.backends.single import SingleProcessBackend
+from learner.algo import microbatch
+from learner.algo.batch import collate, padded_length
 from learner.algo.trainer import Trainer
 
 TOL = 1e-5
@@ -92,18 +94,29 @@ def test_loss_and_gradients_equal_single_process(fsdp_run, tiny_model_dir, agg):
     assert _max_diff(load_file(str(fsdp_run / f"grads_{agg}.safetensors")), grads) <= TOL
 
 
-def test_microbatched_checkpointed_step_equals_single_process_one_batch(fsdp_run, tiny_model_dir):
+@pytest.mark.parametrize("name, overrides", [("micro", fsdp_worker.MICRO_OVERRIDES),
+                                             ("micro_uneven", fsdp_worker.UNEVEN_OVERRIDES)])
+def test_microbatched_checkpointed_step_equals_single_process_one_batch(fsdp_run, tiny_model_dir,
+                                                                        name, overrides):
     """Each rank's share in micro-batches (learner.max_tokens_per_microbatch) with activation
-    checkpointing: the loss metrics and gradients of the single-process one-batch step."""
+    checkpointing: the loss metrics and gradients of the single-process one-batch step. In
+    "micro_uneven" the ranks' shares split into different counts (checked here): the rank
+    with fewer runs a stand-in, else the worker hangs in mismatched collectives."""
     cfg = fsdp_worker.config(tiny_model_dir, "learner.max_grad_norm=0", "learner.minibatches=1")
+    if name == "micro_uneven":
+        groups = fsdp_worker.synthetic_groups(cfg, 0)
+        budget = fsdp_worker.config(tiny_model_dir, *overrides).learner.max_tokens_per_microbatch
+        counts = [len(microbatch.plan(collate(half, 0, padded_length(groups)).lengths, budget))
+                  for half in (groups[:len(groups) // 2], groups[len(groups) // 2:])]
+        assert counts[0] != counts[1], counts
     backend, trainer = _single(cfg)
     ref = trainer.step(fsdp_worker.synthetic_groups(cfg, 0), 0)
-    got = json.loads((fsdp_run / "grads_micro.json").read_text())
+    got = json.loads((fsdp_run / f"grads_{name}.json").read_text())
     assert got.keys() == ref.keys()
     for k in ref:
         assert got[k] == pytest.approx(ref[k], rel=TOL, abs=TOL), k
     grads = {n: p.grad for n, p in backend.model.named_parameters()}
-    assert _max_diff(load_file(str(fsdp_run / "grads_micro.safetensors")), grads) <= TOL
+    assert _max_diff(load_file(str(fsdp_run / f"grads_{name}.safetensors")), grads) <= TOL
 
 
 def test_weights_after_n_steps_equal_single_process(fsdp_run, tiny_model_dir):

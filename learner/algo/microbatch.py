@@ -11,6 +11,13 @@ see micro-batches. A loss computed on a micro-batch with the whole minibatch's `
 that micro-batch's share of the minibatch loss, so the shares' gradients, accumulated, are the
 one-batch gradient (tests/test_microbatch.py); their statistics combine like ranks' (`combine`).
 
+Under FSDP2 (and Megatron's data parallelism) every forward and backward is a collective, so
+every rank must run as many micro-batches as the others: ranks agree on the largest count
+(`plan(..., at_least=)`, the trainer all-reduces it) and a rank with fewer adds stand-ins
+(`padding`): one of its rows, run forward and backward like any micro-batch, with its results
+dropped and its loss multiplied by 0. Unequal counts would leave one rank in an all-gather
+while another is in a reduce-scatter: a hang, not an error.
+
 This is padding-free by bucketing: rows are not packed into one sequence (the forward pass has
 no attention mask and the rows are right-padded, so a row never sees another row's tokens).
 """
@@ -32,6 +39,9 @@ class MicroBatch:
     """Indices of its rows in the share (int64)."""
     length: int
     """Its padded row length: its longest row's prompt + completion."""
+    padding: bool = False
+    """A stand-in that only keeps this rank's collectives in step with the others' (its
+    results are dropped, its loss counts 0)."""
 
     def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """This micro-batch's part of a per-row (rows,) or per-token (rows, L-1) tensor."""
@@ -50,8 +60,9 @@ class MicroBatch:
                           num_groups=mb.num_groups, lengths=self.take(mb.lengths))
 
 
-def plan(lengths: torch.Tensor, budget: int) -> list[MicroBatch]:
-    """Split rows of these lengths into micro-batches of at most `budget` padded tokens."""
+def plan(lengths: torch.Tensor, budget: int, at_least: int = 0) -> list[MicroBatch]:
+    """Split rows of these lengths into micro-batches of at most `budget` padded tokens, and
+    add stand-ins (`padding`) up to `at_least` micro-batches (the largest count of any rank)."""
     lens = lengths.cpu().numpy()
     order = np.argsort(-lens, kind="stable")
     groups: list[list[int]] = []
@@ -60,8 +71,11 @@ def plan(lengths: torch.Tensor, budget: int) -> list[MicroBatch]:
             groups[-1].append(int(i))
         else:
             groups.append([int(i)])
-    return [MicroBatch(rows=torch.tensor(sorted(g), dtype=torch.int64),
-                       length=int(lens[g].max())) for g in groups]
+    parts = [MicroBatch(rows=torch.tensor(sorted(g), dtype=torch.int64),
+                        length=int(lens[g].max())) for g in groups]
+    last = parts[-1]  # the shortest rows: the cheapest stand-in
+    stand_in = MicroBatch(rows=last.rows[:1], length=int(lens[int(last.rows[0])]), padding=True)
+    return parts + [stand_in] * (at_least - len(parts))
 
 
 def per_token(parts: list[MicroBatch], mb: TokenBatch,
@@ -70,8 +84,9 @@ def per_token(parts: list[MicroBatch], mb: TokenBatch,
     back in the share's layout; columns past a row's micro-batch length are 0 (masked)."""
     out = torch.zeros(mb.mask.shape, dtype=torch.float32, device=mb.mask.device)
     for part in parts:
-        ids = part.batch(mb).input_ids
-        out[part.rows.to(out.device), :part.length - 1] = fn(ids).to(out.device, out.dtype)
+        got = fn(part.batch(mb).input_ids)
+        if not part.padding:
+            out[part.rows.to(out.device), :part.length - 1] = got.to(out.device, out.dtype)
     return out
 
 

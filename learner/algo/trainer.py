@@ -179,10 +179,17 @@ class Trainer:
 
     def _per_token(self, mb: TokenBatch, fn) -> torch.Tensor:
         """`fn(input_ids)` (rows, L-1) of the share, by micro-batch when they are on."""
-        budget = self.lcfg.max_tokens_per_microbatch
-        if not budget:
+        if not self.lcfg.max_tokens_per_microbatch:
             return fn(mb.input_ids)
-        return microbatch.per_token(microbatch.plan(mb.lengths, budget), mb, fn)
+        return microbatch.per_token(self._plan(mb), mb, fn)
+
+    def _plan(self, mb: TokenBatch) -> list[microbatch.MicroBatch]:
+        """This rank's micro-batches, as many as on the rank that needs the most (a
+        collective: every rank plans at the same points; microbatch.py)."""
+        parts = microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch)
+        most = self.backend.reduce_stats({"parts_max": torch.tensor(float(len(parts)))})
+        return microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch,
+                               at_least=int(most["parts_max"]))
 
     def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared, version: int,
                    theta: tuple[torch.Tensor, torch.Tensor | None] | None = None
@@ -212,16 +219,17 @@ class Trainer:
         step; then the critic likewise."""
         L, tl = self.lcfg, self.timeline
         norm = LossNorm.of(mb.mask) if norm is None else norm
-        parts = microbatch.plan(mb.lengths, L.max_tokens_per_microbatch)
+        parts = self._plan(mb)
         shares = []
         self.backend.zero_grad()
         for part in parts:
             with tl.span("forward"):
                 loss, stats = self._policy_loss(part.batch(mb), norm, _take(prep, part), version)
             with tl.span("backward_optimizer"):
-                self.backend.backward(loss)
-            stats["loss"] = loss.detach()
-            shares.append(stats)
+                self.backend.backward(loss * 0.0 if part.padding else loss)
+            if not part.padding:
+                stats["loss"] = loss.detach()
+                shares.append(stats)
         with tl.span("backward_optimizer"):
             grad_norm = self.backend.apply_gradients(L.max_grad_norm)
         stats = microbatch.combine(shares)
@@ -233,8 +241,9 @@ class Trainer:
                 with tl.span("forward"):
                     vloss, vstats = self._value_loss(part.batch(mb), norm, _take(prep, part))
                 with tl.span("backward_optimizer"):
-                    self.models.critic.backward(vloss)
-                shares.append(vstats)
+                    self.models.critic.backward(vloss * 0.0 if part.padding else vloss)
+                if not part.padding:
+                    shares.append(vstats)
             with tl.span("backward_optimizer"):
                 critic_grad_norm = self.models.critic.apply_gradients(L.max_grad_norm)
             stats.update(microbatch.combine(shares))
