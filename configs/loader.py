@@ -15,8 +15,8 @@ rules between fields. Entry points print the line and exit with status 2.
 from __future__ import annotations
 
 import ast
-import json
 import inspect
+import json
 import os
 import re
 import sys

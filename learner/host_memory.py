@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
-
-log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8

@@ -13,7 +13,7 @@ one-batch gradient (tests/test_microbatch.py); their statistics combine like ran
 
 Under FSDP2 (and Megatron's data parallelism) every forward and backward is a collective, so
 every rank must run as many micro-batches as the others: ranks agree on the largest count
-(`plan(..., at_least=)`, the trainer all-reduces it) and a rank with fewer adds stand-ins
+(the trainer all-reduces it, `padded`) and a rank with fewer adds stand-ins
 (`padding`): one of its rows, run forward and backward like any micro-batch, with its results
 dropped and its loss multiplied by 0. Unequal counts would leave one rank in an all-gather
 while another is in a reduce-scatter: a hang, not an error.
@@ -60,9 +60,8 @@ class MicroBatch:
                           num_groups=mb.num_groups, lengths=self.take(mb.lengths))
 
 
-def plan(lengths: torch.Tensor, budget: int, at_least: int = 0) -> list[MicroBatch]:
-    """Split rows of these lengths into micro-batches of at most `budget` padded tokens, and
-    add stand-ins (`padding`) up to `at_least` micro-batches (the largest count of any rank)."""
+def plan(lengths: torch.Tensor, budget: int) -> list[MicroBatch]:
+    """Split rows of these lengths into micro-batches of at most `budget` padded tokens."""
     lens = lengths.cpu().numpy()
     order = np.argsort(-lens, kind="stable")
     groups: list[list[int]] = []
@@ -71,11 +70,16 @@ def plan(lengths: torch.Tensor, budget: int, at_least: int = 0) -> list[MicroBat
             groups[-1].append(int(i))
         else:
             groups.append([int(i)])
-    parts = [MicroBatch(rows=torch.tensor(sorted(g), dtype=torch.int64),
-                        length=int(lens[g].max())) for g in groups]
-    last = parts[-1]  # the shortest rows: the cheapest stand-in
-    stand_in = MicroBatch(rows=last.rows[:1], length=int(lens[int(last.rows[0])]), padding=True)
-    return parts + [stand_in] * (at_least - len(parts))
+    return [MicroBatch(rows=torch.tensor(sorted(g), dtype=torch.int64),
+                       length=int(lens[g].max())) for g in groups]
+
+
+def padded(parts: list[MicroBatch], count: int) -> list[MicroBatch]:
+    """`parts` and stand-ins (`padding`) up to `count` micro-batches (the largest count of any
+    rank): one row of the last part, the shortest, cut to that part's length."""
+    last = parts[-1]
+    stand_in = MicroBatch(rows=last.rows[:1], length=last.length, padding=True)
+    return parts + [stand_in] * (count - len(parts))
 
 
 def per_token(parts: list[MicroBatch], mb: TokenBatch,

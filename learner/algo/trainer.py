@@ -188,8 +188,7 @@ class Trainer:
         collective: every rank plans at the same points; microbatch.py)."""
         parts = microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch)
         most = self.backend.reduce_stats({"parts_max": torch.tensor(float(len(parts)))})
-        return microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch,
-                               at_least=int(most["parts_max"]))
+        return microbatch.padded(parts, int(most["parts_max"]))
 
     def _minibatch(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared, version: int,
                    theta: tuple[torch.Tensor, torch.Tensor | None] | None = None

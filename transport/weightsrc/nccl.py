@@ -58,6 +58,8 @@ GROUP = "tether-weights"
 class _VllmProducer:
     """vLLM's weight-transfer engine: a StatelessProcessGroup + PyNccl, tensors packed."""
 
+    backends = ("nccl",)
+
     def __init__(self, address: str, port: int, world: int, backend: str) -> None:
         from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
@@ -75,6 +77,8 @@ class _TorchProducer:
     """A torch.distributed group of its own (not the learner's FSDP2 world), made the way
     SGLang's init_weights_update_group makes the engines' side: TCP rendezvous at the
     learner's address, a store prefixed with GROUP; one broadcast per tensor, in order."""
+
+    backends = ("nccl", "gloo")
 
     def __init__(self, address: str, port: int, world: int, backend: str) -> None:
         from torch.distributed import distributed_c10d as c10d
@@ -104,15 +108,16 @@ class NcclBroadcaster:
     def __init__(self, address: str, engines: int, device: torch.device, protocol: str) -> None:
         """`protocol`: a key of PRODUCERS (the engines' weight_broadcast())."""
         self.backend = "nccl" if device.type == "cuda" else "gloo"
-        if protocol == "vllm" and self.backend != "nccl":
-            raise ValueError("transport.weights_via=nccl with vLLM engines needs the learner on "
-                             "a GPU (vLLM's weight-transfer engine speaks NCCL only)")
+        self.producer = PRODUCERS[protocol]
+        if self.backend not in self.producer.backends:
+            raise ValueError(f"transport.weights_via=nccl: the engines' receiver ({protocol}) "
+                             f"speaks {' or '.join(self.producer.backends)}, and a learner on "
+                             f"{device.type} would broadcast by {self.backend}")
         with socket.socket() as s:  # a free port for the group's TCPStore rendezvous
             s.bind((address, 0))
             port = s.getsockname()[1]
         self.address, self.port, self.world = address, port, engines + 1
         self.device = device
-        self.producer = PRODUCERS[protocol]
         self._versions: queue.Queue[PackedWeights] = queue.Queue()
         self._group = None
         threading.Thread(target=self._run, name="learner-nccl", daemon=True).start()

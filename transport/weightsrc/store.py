@@ -32,6 +32,11 @@ class Published:
     delta: PackedWeights | None = None
 
 
+def _is_full(key: str) -> bool:
+    """A full version's buckets (f12) or an adapter's (a12): what a peer loads whole."""
+    return key[:1] in ("f", "a", "")
+
+
 @dataclass
 class _Fetch:
     """One peer's fetch of one full version: the bucket indices it asked for, and when last."""
@@ -76,15 +81,15 @@ class VersionStore:
         for key in [key for key, f in self.fetches.items() if now - f.last > self.hold_s]:
             del self.fetches[key]
         fetched = {k for _, k in self.fetches}
-        for k in [k for k, p in self.blobs.items() if k[:1] in ("f", "a", "")
-                  and p is not self.latest and k not in fetched]:
+        for k in [k for k, p in self.blobs.items()
+                  if _is_full(k) and p is not self.latest and k not in fetched]:
             del self.blobs[k]
 
     def _fetching(self, peer: str, key: str, index: int | None = None) -> None:
         """Note `peer`'s interest in the full version `key` (an offer: index None; a bucket
         request: its index); a fetch that asked for every bucket is over."""
         packed = self.blobs.get(key)
-        if packed is None or key[:1] not in ("f", "a", ""):
+        if packed is None or not _is_full(key):
             return
         f = self.fetches.setdefault((peer, key), _Fetch())
         f.last = time.monotonic()
