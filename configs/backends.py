@@ -6,14 +6,24 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from configs.base import Count, Kind
 
 
-class SingleBackendConfig(Kind, tag="single"):
+class _HFBackend(Kind):
+    """What the backends that train the HF model itself (single, fsdp2) share."""
+
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the weights, gradients and AdamW moments; bfloat16 halves their bytes
+    (stochastic rounding, learner/backends/optim.py; needs model.dtype bfloat16)."""
+
+
+class SingleBackendConfig(_HFBackend, tag="single"):
     """One process."""
 
 
-class FSDP2BackendConfig(Kind, tag="fsdp2"):
+class FSDP2BackendConfig(_HFBackend, tag="fsdp2"):
     """torch FSDP2 over torchrun ranks (docs/backends/fsdp2.md)."""
 
 

@@ -40,9 +40,11 @@ LARGEST = {  # name: (hidden, layers, heads, kv heads, intermediate) -- Qwen2 sh
     "qwen2-0.5b": (896, 24, 14, 2, 4864),
     "qwen2-1.0b": (1536, 20, 12, 2, 8960),
     "qwen2-0.13b": (512, 8, 8, 2, 2816),
+    "qwen2-2.2b": (2048, 24, 16, 2, 11008),
 }
-"""The sizes tried (at most three, picked from fp32 AdamW's 16 bytes per parameter: 0.5 B is
-8 GB single-process, 1.0 B is 8 GB per rank on two ranks)."""
+"""The sizes tried (picked from AdamW's bytes per parameter: fp32, 16: 0.5 B is 8 GB
+single-process, 1.0 B is 8 GB per rank on two ranks; --param-dtype bfloat16, 8: 2.2 B is
+17 GB single-process)."""
 
 
 def tree_peak(cmd: list[str], env: dict, limit_mib: int, log: Path,
@@ -211,7 +213,9 @@ if importlib.util.find_spec("learner.backends.registry"):  # the layout after is
     ranks = distributed.start(L.backend)
     kw = ({{"activation_checkpointing": L.activation_checkpointing}}  # after issue #41
           if hasattr(L, "activation_checkpointing") else {{}})
-    backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device, **kw)
+    from models.devices import torch_dtype
+    backend = make_backend(L.backend, model_dir, L.lr, 0.0, 0, ranks.device,
+                           torch_dtype(cfg.model.dtype), **kw)
 else:  # main before issue #41 (--before-root)
     from learner.algo.trainer import Trainer
     ranks = distributed.start(backend_kind)
@@ -247,6 +251,9 @@ def main() -> None:
     ap.add_argument("--backends", nargs="*", default=["single", "fsdp2"])
     ap.add_argument("--timeout-s", type=float, default=0.0,
                     help="kill a long run still going after this many seconds (peak so far)")
+    ap.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="largest, after: the backend's param_dtype (bfloat16 also sets "
+                         "model.dtype); run names get a _bf16 suffix")
     ap.add_argument("--results", type=Path, default=ROOT / "lab" / "results" / "memory.json")
     a = ap.parse_args()
     out = ROOT / "runs" / "bench_memory"
@@ -288,10 +295,15 @@ def main() -> None:
                     if root is None:
                         continue
                     name = f"largest_{size}_{backend}_{when}"
+                    extra = scale if when == "after" else []
+                    if when == "after" and a.param_dtype == "bfloat16":
+                        name += "_bf16"
+                        extra = [*extra, "model.dtype=bfloat16",
+                                 "learner.backend.param_dtype=bfloat16"]
                     results.setdefault("largest", {})[name] = train_run(
-                        out, name, root, backend, model_dir,
-                        scale if when == "after" else [], a.limit_mib) | {
-                        "parameters": params, "shape": LARGEST[size]}
+                        out, name, root, backend, model_dir, extra, a.limit_mib) | {
+                        "parameters": params, "shape": LARGEST[size],
+                        "param_dtype": a.param_dtype if when == "after" else "float32"}
                     save()
     save()
     print(json.dumps(results, indent=1))

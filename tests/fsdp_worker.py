@@ -100,7 +100,8 @@ def full_grads(backend) -> dict[str, torch.Tensor]:
 def make(cfg, ranks):
     from models.devices import torch_dtype
 
-    cfg.learner.backend = FSDP2BackendConfig()  # the critic and reference too (make_models)
+    # the critic and reference too (make_models); the weights' dtype as the config says
+    cfg.learner.backend = FSDP2BackendConfig(param_dtype=cfg.learner.backend.param_dtype)
     L = cfg.learner
     backend = make_backend(L.backend, Path(cfg.model.path), L.lr, L.weight_decay, L.seed,
                            ranks.device, torch_dtype(cfg.model.dtype), lora=L.lora,
@@ -164,6 +165,7 @@ def train(out: Path, model_dir: Path, ranks) -> None:
         (out / "train_metrics.json").write_text(json.dumps(rows))
     train_algos(out, model_dir, ranks)
     train_bf16(out, model_dir, ranks)
+    train_bf16_params(out, model_dir, ranks)
 
 
 BF16_OVERRIDES = ["model.dtype=bfloat16"]
@@ -179,6 +181,23 @@ def train_bf16(out: Path, model_dir: Path, ranks) -> None:
     write(out, "bf16_published.safetensors", dict(backend.named_full_tensors(torch.bfloat16)))
     if ranks.rank == 0:
         (out / "bf16_metrics.json").write_text(json.dumps(rows))
+
+
+BF16_PARAMS_OVERRIDES = ["model.dtype=bfloat16", "learner.backend.param_dtype=bfloat16"]
+"""The N-step run with bf16 weights, gradients and AdamW moments (learner/backends/optim.py)."""
+
+
+def train_bf16_params(out: Path, model_dir: Path, ranks) -> None:
+    """STEPS steps with bf16 shards: the weights at the end, the metric rows, the dtypes."""
+    backend, _, rows = _steps(config(model_dir, *BF16_PARAMS_OVERRIDES), ranks,
+                              out / "bf16_params_ckpt")
+    write(out, "bf16_params_final.safetensors", dict(backend.named_full_tensors()))
+    state = next(iter(backend.optimizer.state.values()))
+    dtypes = {"params": sorted({str(p.dtype) for p in backend.model.parameters()}),
+              "moments": sorted({str(state[k].dtype) for k in ("exp_avg", "exp_avg_sq")})}
+    if ranks.rank == 0:
+        (out / "bf16_params_metrics.json").write_text(json.dumps({"rows": rows,
+                                                                  "dtypes": dtypes}))
 
 
 def _steps(cfg, ranks, ckpt: Path, each=None, with_models: bool = False):

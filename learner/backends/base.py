@@ -124,6 +124,16 @@ def checkpoint_layers(model: torch.nn.Module) -> None:
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def param_torch_dtype(param_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype of the trained weights (the backend section's `param_dtype`); bf16
+    weights compute in bf16, so they need `dtype` (model.dtype) bf16 too."""
+    weights = {"float32": torch.float32, "bfloat16": torch.bfloat16}[param_dtype]
+    if weights == torch.bfloat16 and dtype != torch.bfloat16:
+        raise ValueError(f"learner.backend.param_dtype=bfloat16 needs model.dtype=bfloat16 "
+                         f"(the compute dtype is {str(dtype).removeprefix('torch.')})")
+    return weights
+
+
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """What the optimizer steps: every parameter, or the adapters only under LoRA."""
     return [p for p in model.parameters() if p.requires_grad]

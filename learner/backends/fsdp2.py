@@ -36,8 +36,9 @@ from torch.distributed.tensor import DTensor
 from configs.schema import LoraConfig
 from learner import checkpoint
 from learner.backends import sharded_load
-from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, trainable,
-                                   with_lora)
+from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, param_torch_dtype,
+                                   trainable, with_lora)
+from learner.backends.optim import make_optimizer
 from models import lora as lora_lib
 from models.logprobs import token_logprobs, token_logprobs_entropy
 from models.tied import HEAD, without_tied
@@ -47,14 +48,15 @@ class FSDP2Backend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device, dtype: torch.dtype = torch.float32,
                  model: torch.nn.Module | None = None, lora: LoraConfig | None = None,
-                 activation_checkpointing: bool = False) -> None:
-        """`model`: shard and train this module (with `.model.layers`, e.g. the critic)
+                 activation_checkpointing: bool = False, param_dtype: str = "float32") -> None:
+        """Weights (their shards) in `param_dtype` (optim.py). `model`: shard and train this module (with `.model.layers`, e.g. the critic)
         instead of the HF causal LM in `model_dir`. `lora`: train adapters of that rank on
         the frozen model (rank 0 = full weights). `activation_checkpointing`: each layer is
         recomputed in the backward (learner/backends/base.py `checkpoint_layers`, set before
         fully_shard: the recomputation runs inside the layer's FSDP2 unshard)."""
         from transformers import AutoModelForCausalLM
 
+        weights = param_torch_dtype(param_dtype, dtype)
         torch.manual_seed(seed)
         self.device = device
         self.autocast_dtype = torch.float32  # the MixedPrecisionPolicy below computes in dtype
@@ -62,10 +64,10 @@ class FSDP2Backend:
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)
         if model is None:  # LoRA: the whole base (sharded_load's docstring)
-            model = (sharded_load.meta_causal_lm(self.model_dir) if lora is None or lora.rank == 0
-                     else AutoModelForCausalLM.from_pretrained(self.model_dir,
-                                                               dtype=torch.float32))
-        model, self.lora = with_lora(model, lora)
+            model = (sharded_load.meta_causal_lm(self.model_dir, weights)
+                     if lora is None or lora.rank == 0
+                     else AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=weights))
+        model, self.lora = with_lora(model.to(weights), lora)
         if activation_checkpointing:
             checkpoint_layers(model)
         meta = sharded_load.is_meta(model)
@@ -73,7 +75,7 @@ class FSDP2Backend:
             model.to(device)
         model.train()
         mesh = init_device_mesh(device.type, (self.dp_size,))
-        # float32: no policy (as before); else fp32 shards, `dtype` compute, fp32 reduction
+        # float32: no policy (as before); else shards in `weights`, `dtype` compute, fp32 reduction
         mp = {} if dtype == torch.float32 else {
             "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)}
         layers = (model.get_base_model() if self.lora is not None else model).model.layers
@@ -88,7 +90,8 @@ class FSDP2Backend:
             sharded_load.materialise(model, self.model_dir, device,
                                      zeros=getattr(model, "NOT_IN_FILES", ()))
         self.model = model
-        self.optimizer = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=weight_decay)
+        self.optimizer = make_optimizer(trainable(model), lr, weight_decay, param_dtype,
+                                        seed + self.dp_rank)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(self.model, input_ids.to(self.device), temperature)

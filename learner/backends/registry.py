@@ -31,7 +31,8 @@ def _single(section: SingleBackendConfig, model_dir: Path, lr: float, weight_dec
     from learner.backends.single import SingleProcessBackend
 
     return SingleProcessBackend(model_dir, lr, weight_decay, seed, device, dtype, model=model,
-                                lora=lora, activation_checkpointing=ac)
+                                lora=lora, activation_checkpointing=ac,
+                                param_dtype=section.param_dtype)
 
 
 def _fsdp2(section: FSDP2BackendConfig, model_dir: Path, lr: float, weight_decay: float,
@@ -40,7 +41,7 @@ def _fsdp2(section: FSDP2BackendConfig, model_dir: Path, lr: float, weight_decay
     from learner.backends.fsdp2 import FSDP2Backend
 
     return FSDP2Backend(model_dir, lr, weight_decay, seed, device, dtype, model=model, lora=lora,
-                        activation_checkpointing=ac)
+                        activation_checkpointing=ac, param_dtype=section.param_dtype)
 
 
 def _megatron(section: MegatronBackendConfig, model_dir: Path, lr: float, weight_decay: float,
@@ -76,7 +77,7 @@ def make_backend(section: BackendConfig, model_dir: Path, lr: float, weight_deca
                  lora: LoraConfig | None = None,
                  activation_checkpointing: bool = False) -> Backend:
     """The backend `section` names, training the causal LM in `model_dir` (or `model`: the
-    critic) on `device` with AdamW (lr, weight_decay); `lora`: adapters on the frozen model;
+    critic) on `device` with AdamW (lr, weight_decay; learner/backends/optim.py); `lora`: adapters on the frozen model;
     `activation_checkpointing`: each layer recomputed in the backward."""
     return KINDS[section.kind].make(section, Path(model_dir), lr, weight_decay, seed, device,
                                     dtype, model, lora, activation_checkpointing)

@@ -21,13 +21,13 @@ import torch
 from torch.distributed.tensor import DTensor
 
 
-def meta_causal_lm(model_dir: Path) -> torch.nn.Module:
-    """The HF causal LM of `model_dir`, float32, on the meta device (nothing allocated)."""
+def meta_causal_lm(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The HF causal LM of `model_dir`, in `dtype`, on the meta device (nothing allocated)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def is_meta(model: torch.nn.Module) -> bool:

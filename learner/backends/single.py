@@ -9,8 +9,9 @@ import torch
 
 from configs.schema import LORA_HEAD as HEAD_TARGET, LoraConfig
 from learner import checkpoint
-from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, trainable,
-                                   with_lora)
+from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, param_torch_dtype,
+                                   trainable, with_lora)
+from learner.backends.optim import make_optimizer
 from models import lora as lora_lib
 from models.devices import compute
 from models.logprobs import token_logprobs, token_logprobs_entropy
@@ -24,13 +25,16 @@ class SingleProcessBackend:
     def __init__(self, model_dir: Path, lr: float, weight_decay: float, seed: int,
                  device: torch.device = torch.device("cpu"),
                  dtype: torch.dtype = torch.float32, model: torch.nn.Module | None = None,
-                 lora: LoraConfig | None = None, activation_checkpointing: bool = False) -> None:
-        """fp32 weights on `device`; forward passes in `dtype` (models/devices.py). `model`:
-        train this module instead of the HF causal LM in `model_dir` (the critic). `lora`:
-        train adapters of that rank on the frozen model (rank 0 = full weights).
-        `activation_checkpointing`: recompute each layer in the backward (`checkpoint_layers`)."""
+                 lora: LoraConfig | None = None, activation_checkpointing: bool = False,
+                 param_dtype: str = "float32") -> None:
+        """Weights in `param_dtype` on `device` (optim.py); forward passes in `dtype`
+        (models/devices.py). `model`: train this module instead of the HF causal LM in
+        `model_dir` (the critic). `lora`: train adapters of that rank on the frozen model (rank
+        0 = full weights). `activation_checkpointing`: recompute each layer in the backward
+        (`checkpoint_layers`)."""
         from transformers import AutoModelForCausalLM
 
+        weights = param_torch_dtype(param_dtype, dtype)
         torch.manual_seed(seed)
         self.device = device
         self.dtype = dtype
@@ -38,13 +42,12 @@ class SingleProcessBackend:
         """What a forward of `model` outside `logprobs` runs under (models/devices.py compute)."""
         self.model_dir = Path(model_dir)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            self.model_dir, dtype=torch.float32)
-        self.model, self.lora = with_lora(model, lora)
+            self.model_dir, dtype=weights)
+        self.model, self.lora = with_lora(model.to(weights), lora)
         if activation_checkpointing:
             checkpoint_layers(self.model)
         self.model.to(device).train()
-        self.optimizer = torch.optim.AdamW(trainable(self.model), lr=lr,
-                                           weight_decay=weight_decay)
+        self.optimizer = make_optimizer(trainable(self.model), lr, weight_decay, param_dtype, seed)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
         with compute(self.device, self.dtype):
