@@ -12,11 +12,16 @@ engine merges with this one function, so two engines given the same tensors are 
 An adapter on `lm_head` of a tied model adapts the head only: merged, the head is untied
 (E + s B A) and the embedding stays E (models/tied.py).
 
-`wrap` builds the learner's trainable peft model (peft imported only there).
+`wrap` builds the learner's trainable peft model (peft imported only there). Each A starts
+from `initial_a`, drawn from the run seed and the adapter's name alone: a process that builds
+the model on the meta device and loads only its shards (FSDP2) starts from the same adapters as
+one that builds the whole model, whatever order either creates them in.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -42,6 +47,21 @@ def wrap(model: torch.nn.Module, rank: int, alpha: float, dropout: float,
         warnings.filterwarnings("ignore", message=".*ensure_weight_tying.*")
         return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
                                                 target_modules=targets, bias="none"))
+
+
+def initial_a(peft_name: str, shape: tuple[int, ...], seed: int,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The starting value of adapter A `peft_name` (rank x in_features): uniform in
+    +-1/sqrt(in_features), the bound of peft's default (kaiming-uniform, a = sqrt(5)), from a
+    generator seeded by `seed` and the adapter's wire name. B starts at zero (peft's default)."""
+    key = hashlib.sha256(f"{seed}:{hf_name(peft_name)}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)
+    bound = 1 / math.sqrt(shape[1])
+    return (torch.rand(shape, generator=gen) * (2 * bound) - bound).to(dtype)
+
+
+def is_a(peft_name: str) -> bool:
+    return ".lora_A." in peft_name
 
 
 def hf_name(peft_name: str) -> str:

@@ -229,6 +229,12 @@ def train_algos(out: Path, model_dir: Path, ranks) -> None:
 
 
 def lora(out: Path, model_dir: Path, ranks) -> None:
+    from transformers import AutoModelForCausalLM
+
+    def whole(*args, **kwargs):
+        raise AssertionError("a rank built the whole model (from_pretrained) under FSDP2")
+
+    AutoModelForCausalLM.from_pretrained = whole  # sharded loading reads shards only
     backend, _, rows = _steps(config(model_dir, *LORA_OVERRIDES), ranks, out / "lora_ckpt")
     write(out, "lora_adapter.safetensors", dict(backend.named_adapter_tensors()))
     write(out, "lora_base.safetensors", dict(backend.named_full_tensors()))

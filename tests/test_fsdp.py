@@ -300,8 +300,9 @@ def test_two_rank_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
 
 
 def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
-    """FSDP2 over the peft model: adapters after N steps (with the frozen-base KL) equal the
-    single-process LoRA run's, the base never moves, and the export merges the same way."""
+    """FSDP2 over the peft model, loaded shard by shard (the worker fails if a rank builds the
+    whole model): adapters after N steps (with the frozen-base KL) equal the single-process
+    LoRA run's, the base never moves, and the export merges the same way."""
     from transformers import AutoModelForCausalLM
 
     from learner.backends.base import ADAPTER_DIR

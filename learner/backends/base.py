@@ -104,14 +104,28 @@ ADAPTER_DIR = "adapter"
 """Subdirectory of an exported model holding the PEFT adapter (LoRA runs)."""
 
 
-def with_lora(model: torch.nn.Module, lora: LoraConfig | None) -> tuple[torch.nn.Module,
-                                                                        LoraSpec | None]:
-    """`model` wrapped in trainable adapters when `lora.rank > 0`, with their spec."""
+def with_lora(model: torch.nn.Module, lora: LoraConfig | None,
+              seed: int = 0) -> tuple[torch.nn.Module, LoraSpec | None]:
+    """`model` wrapped in trainable adapters when `lora.rank > 0`, with their spec. Each A
+    starts at models/lora.py `initial_a(seed)`; on a meta-device model that is left to the
+    sharded load (`adapter_starts`)."""
     if lora is None or lora.rank == 0:
         return model, None
     targets = lora.target_list()
-    return (lora_lib.wrap(model, lora.rank, lora.alpha, lora.dropout, targets),
-            LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=targets))
+    model = lora_lib.wrap(model, lora.rank, lora.alpha, lora.dropout, targets)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if lora_lib.is_a(name) and not p.is_meta:
+                p.copy_(lora_lib.initial_a(name, tuple(p.shape), seed, p.dtype))
+    return model, LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=targets)
+
+
+def adapter_starts(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Every adapter's full starting value by parameter name (A: `initial_a`, B: zero), for
+    a sharded load to copy each rank's part from (adapters are small)."""
+    return {name: (lora_lib.initial_a(name, tuple(p.shape), seed, p.dtype) if lora_lib.is_a(name)
+                   else torch.zeros(p.shape, dtype=p.dtype))
+            for name, p in model.named_parameters() if lora_lib.is_adapter(name)}
 
 
 def checkpoint_layers(model: torch.nn.Module) -> None:

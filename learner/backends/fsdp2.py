@@ -36,8 +36,8 @@ from torch.distributed.tensor import DTensor
 from configs.schema import LoraConfig
 from learner import checkpoint
 from learner.backends import sharded_load
-from learner.backends.base import (ADAPTER_DIR, cast, checkpoint_layers, param_torch_dtype,
-                                   trainable, with_lora)
+from learner.backends.base import (ADAPTER_DIR, adapter_starts, cast, checkpoint_layers,
+                                   param_torch_dtype, trainable, with_lora)
 from learner.backends.optim import make_optimizer
 from models import lora as lora_lib
 from models.logprobs import token_logprobs, token_logprobs_entropy
@@ -49,13 +49,12 @@ class FSDP2Backend:
                  device: torch.device, dtype: torch.dtype = torch.float32,
                  model: torch.nn.Module | None = None, lora: LoraConfig | None = None,
                  activation_checkpointing: bool = False, param_dtype: str = "float32") -> None:
-        """Weights (their shards) in `param_dtype` (optim.py). `model`: shard and train this module (with `.model.layers`, e.g. the critic)
-        instead of the HF causal LM in `model_dir`. `lora`: train adapters of that rank on
-        the frozen model (rank 0 = full weights). `activation_checkpointing`: each layer is
-        recomputed in the backward (learner/backends/base.py `checkpoint_layers`, set before
-        fully_shard: the recomputation runs inside the layer's FSDP2 unshard)."""
-        from transformers import AutoModelForCausalLM
-
+        """Weights (their shards) in `param_dtype` (optim.py). `model`: shard and train this
+        module (with `.model.layers`, e.g. the critic) instead of the HF causal LM in
+        `model_dir`. `lora`: train adapters of that rank on the frozen model (rank 0 = full
+        weights). `activation_checkpointing`: each layer is recomputed in the backward
+        (learner/backends/base.py `checkpoint_layers`, set before fully_shard: the
+        recomputation runs inside the layer's FSDP2 unshard)."""
         weights = param_torch_dtype(param_dtype, dtype)
         torch.manual_seed(seed)
         self.device = device
@@ -63,11 +62,10 @@ class FSDP2Backend:
         self.dp_rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
         self.model_dir = Path(model_dir)
-        if model is None:  # LoRA: the whole base (sharded_load's docstring)
-            model = (sharded_load.meta_causal_lm(self.model_dir, weights)
-                     if lora is None or lora.rank == 0
-                     else AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=weights))
-        model, self.lora = with_lora(model.to(weights), lora)
+        if model is None:
+            model = sharded_load.meta_causal_lm(self.model_dir, weights)
+        model, self.lora = with_lora(model.to(weights), lora, seed)
+        starts = adapter_starts(model, seed) if self.lora is not None else {}
         if activation_checkpointing:
             checkpoint_layers(model)
         meta = sharded_load.is_meta(model)
@@ -88,7 +86,8 @@ class FSDP2Backend:
                 module.set_force_sum_reduction_for_comms(True)
         if meta:  # each rank allocates and reads its shards only
             sharded_load.materialise(model, self.model_dir, device,
-                                     zeros=getattr(model, "NOT_IN_FILES", ()))
+                                     zeros=getattr(model, "NOT_IN_FILES", ()), starts=starts,
+                                     file_name=lora_lib.hf_name)
         self.model = model
         self.optimizer = make_optimizer(trainable(model), lr, weight_decay, param_dtype,
                                         seed + self.dp_rank)

@@ -8,13 +8,16 @@
 The values are exactly `from_pretrained(dtype=float32)`'s (the file's tensors cast to float32),
 so a sharded run starts where a single-process run starts (tests/test_fsdp.py). Tied
 embeddings stay one parameter (fully_shard shards it once; named_parameters yields it once,
-under the embedding's name, which is the name in the files). LoRA runs still load the whole
-base on every rank (the adapters' seeded initialisation is the single process's).
+under the embedding's name, which is the name in the files). LoRA runs load the same way: the
+base's shards from the files (peft's names mapped to the files'), the adapters' shards from
+their seeded starting values (learner/backends/base.py adapter_starts), which are the single
+process's.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,11 +38,15 @@ def is_meta(model: torch.nn.Module) -> bool:
 
 
 def materialise(model: torch.nn.Module, model_dir: Path, device: torch.device,
-                zeros: tuple[str, ...] = ()) -> None:
+                zeros: tuple[str, ...] = (), starts: dict[str, torch.Tensor] | None = None,
+                file_name: Callable[[str], str] = str) -> None:
     """Give a meta-device (sharded) model real storage on `device` and load this rank's part of
-    every parameter from the safetensors files in `model_dir`; parameters named in `zeros`
-    (not in the files: the critic's value head) start at zero. A parameter missing from the
+    every parameter from the safetensors files in `model_dir`, where parameter `name` is
+    `file_name(name)` (a peft model's base weights: models/lora.py hf_name). Parameters named
+    in `zeros` (not in the files: the critic's value head) start at zero, those in `starts`
+    at this rank's part of the full tensor given (LoRA adapters). A parameter missing from the
     files is a ValueError naming it."""
+    starts = starts or {}
     model.to_empty(device=device)
     with contextlib.ExitStack() as stack, torch.no_grad():
         handles = [stack.enter_context(safe_open(str(f)))
@@ -50,12 +57,16 @@ def materialise(model: torch.nn.Module, model_dir: Path, device: torch.device,
             if name in zeros:
                 local.zero_()
                 continue
-            if name not in where:
-                raise ValueError(f"{model_dir} has no tensor {name!r} (sharded loading reads "
-                                 "HF safetensors by parameter name)")
             rows = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+            if name in starts:
+                local.copy_(starts[name][rows])
+                continue
+            key = file_name(name)
+            if key not in where:
+                raise ValueError(f"{model_dir} has no tensor {key!r} (sharded loading reads "
+                                 "HF safetensors by parameter name)")
             if local.numel():  # a rank past the last row holds nothing of this tensor
-                local.copy_(where[name].get_slice(name)[rows])
+                local.copy_(where[key].get_slice(key)[rows])
     _rebuild_buffers(model)
 
 

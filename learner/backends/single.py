@@ -43,7 +43,7 @@ class SingleProcessBackend:
         self.model_dir = Path(model_dir)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             self.model_dir, dtype=weights)
-        self.model, self.lora = with_lora(model.to(weights), lora)
+        self.model, self.lora = with_lora(model.to(weights), lora, seed)
         if activation_checkpointing:
             checkpoint_layers(self.model)
         self.model.to(device).train()
