@@ -263,8 +263,10 @@ class LearnerConfig(Section):
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     """LoRA: train low-rank adapters on a frozen base; actors get the base once, then adapters."""
     max_tokens_per_microbatch: NonNegative = 0
-    """Per rank: rows bucketed by length into micro-batches of at most this many tokens,
+    """Per rank: rows split by length into micro-batches of at most this many tokens,
     gradients accumulated (0 = one batch; single, fsdp2)."""
+    pack_rows: bool = False
+    """Pack each micro-batch's rows into one sequence (needs max_tokens_per_microbatch)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward instead of keeping them."""
 
@@ -411,6 +413,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         need(L.kl_coef == 0 and L.entropy_coef == 0 and L.advantage not in ("gae", "vtrace"),
              "learner.backend", "single or fsdp2 with a reference KL, an entropy bonus or a critic "
              "(not built for megatron yet)", L.backend.kind)
+        need(not L.pack_rows, "learner.backend",
+             "single or fsdp2 with learner.pack_rows=true (not built for megatron)",
+             L.backend.kind)
         need(L.max_tokens_per_microbatch == 0, "learner.backend",
              "single or fsdp2 with learner.max_tokens_per_microbatch > 0 (megatron splits its "
              "batches into its own pipeline micro-batches)", L.backend.kind)
@@ -421,6 +426,9 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
         need(not world or world % (L.backend.tp * L.backend.pp) == 0,
              "learner.backend.tp * learner.backend.pp",
              f"a divisor of the torchrun world size {world}", L.backend.tp * L.backend.pp)
+    need(not L.pack_rows or L.max_tokens_per_microbatch > 0, "learner.pack_rows",
+         "false unless learner.max_tokens_per_microbatch > 0 (it packs each micro-batch's rows)",
+         L.pack_rows)
     if T.weights_via == "nccl":
         need(A.engine.weight_broadcast() is not None and T.nccl_engines >= 1
              and L.lora.rank == 0, "transport.weights_via", "zmq, relay or filesystem unless "

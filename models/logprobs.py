@@ -3,6 +3,8 @@
 Rows are right-padded and the forward pass is purely causal (no attention mask), so a token's
 logprob never depends on what follows it. Callers that need bitwise reproducibility also fix
 the padded length: CPU kernels give ulp-level differences for different sequence lengths.
+Packed rows (`position_ids` restarting at 0 at each row) are kept apart by the model's own
+causal mask: transformers reads the row boundaries from the position ids.
 
 The model's output head never produces the batch's full-vocabulary logits: for the duration of
 the forward pass its `forward` is replaced by `models/chunked_logprobs.py`, which turns the
@@ -21,25 +23,29 @@ from models.chunked_logprobs import CHUNK_TOKENS, head_logprobs_entropy
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
-                   chunk: int = CHUNK_TOKENS) -> torch.Tensor:
+                   chunk: int = CHUNK_TOKENS, position_ids: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) under softmax(logits / temperature).
+    `position_ids`: packed rows (learner/algo/microbatch.py), each row's positions from 0.
 
     Returns a float32 tensor of shape (batch, seq_len - 1)."""
-    return _forward(model, input_ids, temperature, False, chunk)[0]
+    return _forward(model, input_ids, temperature, False, chunk, position_ids)[0]
 
 
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
-                           entropy_grad: bool = False, chunk: int = CHUNK_TOKENS
+                           entropy_grad: bool = False, chunk: int = CHUNK_TOKENS,
+                           position_ids: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` (bitwise the same values) and the entropy of each position's tempered
     next-token distribution, both (batch, seq_len - 1), from the same forward pass. Without
     `entropy_grad` the entropy carries no gradient."""
-    lp, ent = _forward(model, input_ids, temperature, True, chunk)
+    lp, ent = _forward(model, input_ids, temperature, True, chunk, position_ids)
     return lp, (ent if entropy_grad else ent.detach())
 
 
 def _forward(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
-             with_entropy: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+             with_entropy: bool, chunk: int,
+             position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     head = model.get_output_embeddings()
     project = head.__dict__.get("forward") or type(head).forward.__get__(head)
     targets = input_ids[:, 1:]
@@ -50,7 +56,7 @@ def _forward(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float
                            dim=-1)
 
     with _replaced_forward(head, chunked):
-        out = model(input_ids=input_ids, use_cache=False).logits
+        out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
     return out[..., 0], out[..., 1]
 
 

@@ -12,6 +12,7 @@ train:  (0) sharded loading: each rank's shards against the files (`check_load`)
 lora:   STEPS steps with LoRA adapters (LORA_OVERRIDES, with the frozen-base KL reference):
         a checkpoint after step CKPT_AT, the adapters after the last step, and an HF export
         (merged model + adapter).
+packed: one step with packed micro-batches (PACKED_OVERRIDES): OUT/grads_packed.*.
 resume: a fresh process group loads CKPT (default OUT/ckpt; any backend's checkpoint) and trains
         batches CKPT_AT..STEPS-1; the weights go to OUT/NAME (default resume_final.safetensors).
 Only rank 0 writes files (besides the checkpoint's shards).
@@ -57,6 +58,10 @@ activation checkpointing: still the single-process one-batch gradients."""
 UNEVEN_OVERRIDES = ["learner.max_tokens_per_microbatch=32", "learner.activation_checkpointing=true"]
 """The same with a budget that splits rank 0's share into 6 micro-batches and rank 1's into 7
 (tests/test_fsdp.py checks): rank 0 runs a stand-in, or the ranks' collectives would hang."""
+PACKED_OVERRIDES = [*ALGO_OVERRIDES, "learner.max_tokens_per_microbatch=20",
+                    "learner.pack_rows=true"]
+"""Packed micro-batches with a critic and the reference (tests/test_packing.py): the budget
+packs rank 0's share into 8 micro-batches and rank 1's into 11 (rank 0 runs 3 stand-ins)."""
 
 
 def config(model_dir: Path, *overrides: str):
@@ -243,6 +248,17 @@ def lora(out: Path, model_dir: Path, ranks) -> None:
         (out / "lora_metrics.json").write_text(json.dumps(rows))
 
 
+def packed(out: Path, model_dir: Path, ranks) -> None:
+    """One step with clipping off on batch 0 with PACKED_OVERRIDES: the metrics and the policy's
+    full gradients to OUT/grads_packed.*."""
+    cfg = config(model_dir, "learner.max_grad_norm=0", "learner.minibatches=1", *PACKED_OVERRIDES)
+    backend, trainer = make(cfg, ranks)
+    metrics = trainer.step(synthetic_groups(cfg, 0), 0)
+    write(out, "grads_packed.safetensors", full_grads(backend))
+    if ranks.rank == 0:
+        (out / "grads_packed.json").write_text(json.dumps(metrics))
+
+
 def resume(out: Path, model_dir: Path, ranks, ckpt: str = "", name: str = "") -> None:
     cfg = config(model_dir)
     backend, trainer = make(cfg, ranks)
@@ -256,7 +272,7 @@ def main() -> None:
     mode, out, model_dir, *rest = sys.argv[1:]
     torch.set_num_threads(1)
     ranks = distributed.start(FSDP2BackendConfig())
-    {"train": train, "resume": resume, "lora": lora}[mode](Path(out), Path(model_dir), ranks, *rest)
+    {"train": train, "resume": resume, "lora": lora, "packed": packed}[mode](Path(out), Path(model_dir), ranks, *rest)
     distributed.close(ranks)
 
 

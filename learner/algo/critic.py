@@ -56,10 +56,13 @@ class ValueModel(torch.nn.Module):
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(rows, L) -> values (rows, L - 1): column t is the value of the prefix ending at
-        position t, i.e. of the state in which the token of column t is sampled."""
-        hidden = self.model(input_ids=input_ids, use_cache=False).last_hidden_state
+        position t, i.e. of the state in which the token of column t is sampled.
+        `position_ids`: packed rows, as the policy's (models/logprobs.py)."""
+        hidden = self.model(input_ids=input_ids, position_ids=position_ids,
+                            use_cache=False).last_hidden_state
         return self.value_head(hidden[:, :-1]).squeeze(-1).clone()  # not a view (FSDP2 hooks)
 
 
@@ -70,9 +73,10 @@ class FrozenBase:
     def __init__(self, policy: Backend) -> None:
         self.policy = policy
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         with self.policy.model.disable_adapter():
-            return self.policy.logprobs(input_ids, temperature)
+            return self.policy.logprobs(input_ids, temperature, position_ids)
 
 
 @dataclass
@@ -82,15 +86,17 @@ class AlgoModels:
     reference: Backend | None = None
     critic: Backend | None = None
 
-    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def values(self, input_ids: torch.Tensor,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The critic's values for this rank's rows (differentiable), computed in model.dtype
         as the policy's logprobs are (autocast; under FSDP2 its MixedPrecisionPolicy)."""
         with compute(self.critic.device, self.critic.autocast_dtype):
-            return self.critic.model(input_ids.to(self.critic.device))
+            return self.critic.model(input_ids.to(self.critic.device), position_ids)
 
-    def ref_logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    def ref_logprobs(self, input_ids: torch.Tensor, temperature: float,
+                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():
-            return self.reference.logprobs(input_ids, temperature)
+            return self.reference.logprobs(input_ids, temperature, position_ids)
 
     def save(self, path: Path) -> None:
         """Every rank: the critic into `path/critic` (nothing without a critic)."""

@@ -11,7 +11,9 @@ second no-grad forward (the same values bit for bit; tests/test_trainer_fused.py
 Micro-batches (`learner.max_tokens_per_microbatch`, learner/algo/microbatch.py): every forward of
 the step (pi_prox, reference, critic, pi_theta) runs a few rows at a time, each update's
 gradients accumulate over them and one optimizer step follows; pi_prox is then always its own
-no-grad pass (pi_theta's graph is never held for the whole share).
+no-grad pass (pi_theta's graph is never held for the whole share). With `learner.pack_rows`
+each micro-batch's rows run as one packed sequence; the models are checked at start-up to keep
+packed rows apart (models/packing.py).
 
 `max_staleness = 0` runs exactly this code; the only difference from a synchronous PPO loop is
 where the groups came from, which is what tests/test_sync_equivalence.py checks bitwise.
@@ -33,11 +35,12 @@ from buffer.record import TrajGroup
 from configs.schema import TetherConfig, max_completion_tokens
 from learner.algo import advantages as A, microbatch
 from learner.algo.batch import TokenBatch, collate, padded_length
-from learner.algo.critic import AlgoModels
+from learner.algo.critic import AlgoModels, FrozenBase
 from learner.algo.loss import (LossNorm, accepted_tokens, group_advantages, kl_estimate,
                                policy_loss, value_loss)
 from learner.backends.base import Backend
 from learner.obs.timeline import Timeline
+from models import packing
 
 
 @dataclass
@@ -80,6 +83,8 @@ class Trainer:
         if cfg.learner.advantage in ("gae", "vtrace") and self.models.critic is None:
             raise ValueError(f"learner.advantage={cfg.learner.advantage} needs a critic "
                              "(make_models)")
+        if cfg.learner.pack_rows:
+            self._check_packing()
 
     def step(self, groups: list[TrajGroup], version: int) -> dict[str, float]:
         """Train on `groups` at policy `version`; returns this step's metrics."""
@@ -145,8 +150,8 @@ class Trainer:
         optimizer step)."""
         L, T = self.lcfg, self.cfg.task.temperature
         if prox is None:
-            prox = self._per_token(mb, lambda ids: self.backend.logprobs(ids, T))
-        ref = (self._per_token(mb, lambda ids: self.models.ref_logprobs(ids, T))
+            prox = self._per_token(mb, lambda ids, pos: self.backend.logprobs(ids, T, pos))
+        ref = (self._per_token(mb, lambda ids, pos: self.models.ref_logprobs(ids, T, pos))
                if L.kl_coef > 0 else None)
         kl_pen = None
         if ref is not None and L.kl_in == "reward":
@@ -178,15 +183,17 @@ class Trainer:
         return prep
 
     def _per_token(self, mb: TokenBatch, fn) -> torch.Tensor:
-        """`fn(input_ids)` (rows, L-1) of the share, by micro-batch when they are on."""
+        """`fn(input_ids, position_ids)` (rows, L-1) of the share, by micro-batch when they are
+        on (position ids: packed rows)."""
         if not self.lcfg.max_tokens_per_microbatch:
-            return fn(mb.input_ids)
+            return fn(mb.input_ids, None)
         return microbatch.per_token(self._plan(mb), mb, fn)
 
     def _plan(self, mb: TokenBatch) -> list[microbatch.MicroBatch]:
         """This rank's micro-batches, as many as on the rank that needs the most (a
         collective: every rank plans at the same points; microbatch.py)."""
-        parts = microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch)
+        parts = microbatch.plan(mb.lengths, self.lcfg.max_tokens_per_microbatch,
+                                self.lcfg.pack_rows)
         most = self.backend.reduce_stats({"parts_max": torch.tensor(float(len(parts)))})
         return microbatch.padded(parts, int(most["parts_max"]))
 
@@ -223,7 +230,9 @@ class Trainer:
         self.backend.zero_grad()
         for part in parts:
             with tl.span("forward"):
-                loss, stats = self._policy_loss(part.batch(mb), norm, _take(prep, part), version)
+                theta = part.run(self._forward_logprobs, mb)
+                loss, stats = self._policy_loss(part.batch(mb), norm, _take(prep, part), version,
+                                                theta)
             with tl.span("backward_optimizer"):
                 self.backend.backward(loss * 0.0 if part.padding else loss)
             if not part.padding:
@@ -238,7 +247,8 @@ class Trainer:
             self.models.critic.zero_grad()
             for part in parts:
                 with tl.span("forward"):
-                    vloss, vstats = self._value_loss(part.batch(mb), norm, _take(prep, part))
+                    vloss, vstats = self._value_loss(part.batch(mb), norm, _take(prep, part),
+                                                     part.run(self.models.values, mb))
                 with tl.span("backward_optimizer"):
                     self.models.critic.backward(vloss * 0.0 if part.padding else vloss)
                 if not part.padding:
@@ -266,9 +276,11 @@ class Trainer:
                                / max((norm or LossNorm.of(mb.mask)).tokens, 1.0))
         return loss, stats
 
-    def _value_loss(self, mb: TokenBatch, norm: LossNorm | None,
-                    prep: Prepared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        values = self.models.values(mb.input_ids)
+    def _value_loss(self, mb: TokenBatch, norm: LossNorm | None, prep: Prepared,
+                    values: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critic's forward on `mb` (unless `values` are given) and its value loss."""
+        values = self.models.values(mb.input_ids) if values is None else values
         return value_loss(values, prep.old_values, prep.returns, mb.mask, self.lcfg.value_clip,
                           self.lcfg.loss_agg, max_completion_tokens(self.cfg), norm)
 
@@ -284,8 +296,29 @@ class Trainer:
     def _logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """pi_theta's logprobs and entropy from one forward pass; the entropy carries a
         gradient only when it is in the loss."""
-        return self.backend.logprobs_entropy(mb.input_ids, self.cfg.task.temperature,
-                                             entropy_grad=self.lcfg.entropy_coef > 0)
+        return self._forward_logprobs(mb.input_ids)
+
+    def _forward_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_logprobs` of these inputs (position ids: packed rows)."""
+        return self.backend.logprobs_entropy(input_ids, self.cfg.task.temperature,
+                                             entropy_grad=self.lcfg.entropy_coef > 0,
+                                             position_ids=position_ids)
+
+    def _check_packing(self) -> None:
+        """learner.pack_rows: every model the step runs must keep packed rows apart (a
+        collective: every rank builds its trainer at the same point)."""
+        T = self.cfg.task.temperature
+        packing.require_rows_apart("the policy (model.path)", self.backend.model,
+                                   lambda ids, pos: self.backend.logprobs(ids, T, pos))
+        if self.models.critic is not None:
+            packing.require_rows_apart("the critic (model.critic_path or model.path)",
+                                       self.models.critic.model, self.models.values)
+        if self.models.reference is not None and not isinstance(self.models.reference,
+                                                                FrozenBase):
+            packing.require_rows_apart("the reference (model.ref_path or model.path)",
+                                       self.models.reference.model,
+                                       lambda ids, pos: self.models.ref_logprobs(ids, T, pos))
 
 
 def _take(prep: Prepared, part: microbatch.MicroBatch) -> Prepared:

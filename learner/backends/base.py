@@ -45,11 +45,14 @@ class Backend(Protocol):
     """The autocast dtype a forward of `.model` needs to compute in model.dtype (float32: none;
     FSDP2's MixedPrecisionPolicy casts by itself)."""
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        """Token logprobs (rows, L-1) of this rank's rows, differentiable."""
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token logprobs (rows, L-1) of this rank's rows, differentiable. `position_ids`:
+        rows packed into one sequence, positions from 0 at each row (`learner.pack_rows`)."""
 
     def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         entropy_grad: bool = False, position_ids: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """`logprobs` and the per-token entropy (rows, L-1) from the same forward pass (the
         entropy differentiable only with `entropy_grad`)."""
 

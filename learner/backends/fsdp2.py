@@ -92,13 +92,16 @@ class FSDP2Backend:
         self.optimizer = make_optimizer(trainable(model), lr, weight_decay, param_dtype,
                                         seed + self.dp_rank)
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        return token_logprobs(self.model, input_ids.to(self.device), temperature)
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return token_logprobs(self.model, input_ids.to(self.device), temperature,
+                              position_ids=position_ids)
 
     def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         entropy_grad: bool = False, position_ids: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         return token_logprobs_entropy(self.model, input_ids.to(self.device), temperature,
-                                      entropy_grad)
+                                      entropy_grad, position_ids=position_ids)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the global gradient norm before clipping."""

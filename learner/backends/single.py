@@ -49,14 +49,17 @@ class SingleProcessBackend:
         self.model.to(device).train()
         self.optimizer = make_optimizer(trainable(self.model), lr, weight_decay, param_dtype, seed)
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         with compute(self.device, self.dtype):
-            return token_logprobs(self.model, input_ids, temperature)
+            return token_logprobs(self.model, input_ids, temperature, position_ids=position_ids)
 
     def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         entropy_grad: bool = False, position_ids: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         with compute(self.device, self.dtype):
-            return token_logprobs_entropy(self.model, input_ids, temperature, entropy_grad)
+            return token_logprobs_entropy(self.model, input_ids, temperature, entropy_grad,
+                                          position_ids=position_ids)
 
     def step(self, loss: torch.Tensor, max_grad_norm: float) -> float:
         """Backward + optimizer step; returns the gradient norm before clipping."""

@@ -112,7 +112,9 @@ class MegatronBackend:
 
     # ---- forward ---------------------------------------------------------------------------
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 position_ids: None = None) -> torch.Tensor:
+        """Rows only: packed rows are not built (configs refuse learner.pack_rows)."""
         ids = input_ids.to(self.device)
         if self.pp == 1:
             with cpu_redirects(), compute(self.device, self.dtype):
@@ -124,7 +126,8 @@ class MegatronBackend:
         return logp
 
     def logprobs_entropy(self, input_ids: torch.Tensor, temperature: float,
-                         entropy_grad: bool = False) -> tuple[torch.Tensor, None]:
+                         entropy_grad: bool = False, position_ids: None = None
+                         ) -> tuple[torch.Tensor, None]:
         """Logprobs only: the entropy over vocab-parallel logits is not built (None: not
         logged; configs refuse learner.entropy_coef > 0 with this backend)."""
         return self.logprobs(input_ids, temperature), None
