@@ -211,11 +211,13 @@ class VLLMEngine(StreamingEngine):
 
     async def _stream_bucket(self, manifest, index: int, bucket) -> None:
         """One bucket per RPC (actors/engines/vllm/worker.py tether_load_bucket): the RPC's
-        serialisation copies one bucket at a time, never the whole model."""
+        serialisation copies one bucket at a time, never the whole model. The bucket goes as
+        it is (bytes, bytearray or a received frame's memoryview: msgpack bin all three), not
+        copied first."""
         from transport.weights import bucket_manifest
 
         raw = msgspec.msgpack.encode(bucket_manifest(manifest, index))
-        await self.llm.collective_rpc("tether_load_bucket", args=(raw, bytes(bucket)))
+        await self.llm.collective_rpc("tether_load_bucket", args=(raw, bucket))
 
     async def _end_stream(self, manifest, label: bool) -> None:
         """vLLM's finalize, drop all KV, and (`label`) name the version vLLM labels new tokens
