@@ -320,6 +320,8 @@ class TransportConfig(Section):
     """zmq | relay | filesystem (weights_dir) | nccl: ARCHITECTURE.md."""
     weight_full_every: NonNegative = 0
     """K > 0: lossless deltas, a full version every K."""
+    weight_load: Literal["staged", "streamed"] = "staged"
+    """staged: load a version once whole; streamed: each bucket as it arrives."""
     nccl_engines: NonNegative = 0
     """nccl: the vLLM or SGLang engines in the broadcast."""
     relay_fanout: Annotated[int, Meta(ge=1)] = 1

@@ -32,6 +32,12 @@ def load_state(model, state: dict, what: str, assign: bool = False) -> None:
     other missing or unexpected key is a ValueError naming `what`. `assign`: the parameters
     become `state`'s tensors themselves (no copy)."""
     missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
+    loaded(model, missing, unexpected, what)
+
+
+def loaded(model, missing: list[str], unexpected: list[str], what: str) -> None:
+    """After a load: re-tie the head, or a ValueError naming `what` if any key but a tied
+    head was missing, or any was unexpected (bucket-by-bucket loads check once at the end)."""
     tied = model.config.tie_word_embeddings
     if unexpected or [k for k in missing if not (tied and k == HEAD)]:
         raise ValueError(f"{what} does not match the model: missing {missing}, "

@@ -39,6 +39,7 @@ def test_every_shipped_preset_is_valid(preset):
     (["actors.engine=vllm", "actors.engine.update_mode=later"],
      "actors.engine.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
+    (["transport.weight_load=lazy"], "transport.weight_load must be one of staged, streamed"),
     (["actors.engine=vllm", "actors.engine.kv_cache_gb=-0.5"], "actors.engine.kv_cache_gb must be >= 0"),
     (["actors.engine.kv_cache_gb=1"], "unknown config key 'actors.engine.kv_cache_gb' for actors.engine kind hf"),
     (["learner.backend.tp=2"], "unknown config key 'learner.backend.tp' for learner.backend kind single"),

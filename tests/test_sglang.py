@@ -58,6 +58,11 @@ def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
     refs.check_inflight_update(engine, tiny_model_dir, mode)
 
 
+def test_streamed_load_holds_requests_and_a_broken_stream_keeps_the_engine_closed(
+        engine, tiny_model_dir):
+    refs.check_streamed_load(engine, tiny_model_dir)
+
+
 def test_versions_arrive_by_the_learners_broadcast_over_gloo(engine, tiny_model_dir):
     """transport.weights_via=nccl's SGLang path, run on CPU with gloo: the learner's
     broadcaster (transport/weightsrc/nccl.py) sends two versions over one group into the

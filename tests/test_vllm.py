@@ -33,6 +33,11 @@ def test_inflight_update_versions_and_logprobs(engine, tiny_model_dir, mode):
     refs.check_inflight_update(engine, tiny_model_dir, mode)
 
 
+def test_streamed_load_holds_requests_and_a_broken_stream_keeps_the_engine_closed(
+        engine, tiny_model_dir):
+    refs.check_streamed_load(engine, tiny_model_dir)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):

@@ -157,11 +157,23 @@ def test_relays_form_a_chain_or_a_tree_with_a_fallback_each():
 # ---------------------------------------------------------------- over sockets
 
 class RecordingSink:
-    """A named fake engine client: keeps a copy of every version it loads."""
+    """A named fake engine client: keeps a copy of every version it loads (streamed ones
+    bucket by bucket, in order)."""
 
     def __init__(self) -> None:
         self.version = -1
         self.loaded: list[tuple[int, list[bytes]]] = []
+        self.streaming: list[bytes] = []
+
+    async def begin_load(self, manifest: m.WeightManifest) -> None:
+        self.streaming, self.version = [], -1
+
+    async def load_bucket(self, manifest: m.WeightManifest, index: int, bucket) -> None:
+        assert index == len(self.streaming)
+        self.streaming.append(bytes(bucket))
+
+    async def end_load(self, manifest: m.WeightManifest) -> None:
+        await self.load_packed(manifest, self.streaming)
 
     async def load_packed(self, manifest: m.WeightManifest, buckets: list) -> None:
         assert manifest.codec == "raw"
@@ -237,8 +249,10 @@ def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-def test_a_corrupt_bucket_from_a_relay_is_refused_fetched_again_and_counted():
-    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2)
+@pytest.mark.parametrize("weight_load", ["staged", "streamed"])
+def test_a_corrupt_bucket_from_a_relay_is_refused_fetched_again_and_counted(weight_load):
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2,
+                        weight_load=weight_load)
     learner = LearnerSide(t)
     pub = _published([_state()], full_every=0)[0]
     learner.add(pub)
@@ -306,8 +320,10 @@ def test_deltas_over_sockets_catch_up_bit_identical_and_resync_at_full_points():
     assert sizes[0] == total and sizes[1] < total / 2 and sizes[2] == total  # v3: full point
 
 
-def test_a_relay_fetches_each_bucket_once_for_all_its_actors():
-    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2)
+@pytest.mark.parametrize("weight_load", ["staged", "streamed"])
+def test_a_relay_fetches_each_bucket_once_for_all_its_actors(weight_load):
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2,
+                        weight_load=weight_load)
     learner = LearnerSide(t)
     pub = _published([_state()], full_every=0)[0]
     learner.add(pub)

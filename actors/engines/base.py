@@ -59,6 +59,17 @@ class LLMClient(Protocol):
     async def load_file(self, path: str, version: int) -> None:
         """Load weight version `version` from a safetensors file (shared-filesystem weights)."""
 
+    async def begin_load(self, manifest) -> None:
+        """Start loading full version `manifest.version` bucket by bucket (`transport.
+        weight_load: streamed`, transport/weightsrc/base.py WeightSink): nothing is generated
+        and `version` is -1 until `end_load`, or a later whole load, completes a version."""
+
+    async def load_bucket(self, manifest, index: int, bucket) -> None:
+        """Load bucket `index` (buckets come in index order)."""
+
+    async def end_load(self, manifest) -> None:
+        """Every bucket is in: `version` becomes `manifest.version`, generation goes on."""
+
 
 class Engine(Protocol):
     version: int
@@ -72,6 +83,33 @@ class Engine(Protocol):
 
     def load_weights(self, state: dict, version: int) -> None:
         """Load weight version `version` from a state dict of tensors."""
+
+    def begin_load(self, manifest) -> None:
+        """Start loading full version `manifest.version` bucket by bucket (no generation runs
+        until `end_load`: EngineClient sees to that)."""
+
+    def load_bucket(self, manifest, index: int, bucket) -> None: ...
+
+    def end_load(self, manifest) -> None: ...
+
+
+class CollectBuckets:
+    """The bucket-by-bucket load of an engine that can only load a version whole: it keeps
+    each bucket until the last and then calls `load_packed`, so it holds the whole version
+    as staged loading does (the simulated engine, which reads no weights; an engine that
+    loads large models should copy each bucket in as it comes, as hf.py does)."""
+
+    _collected: list | None = None
+
+    def begin_load(self, manifest) -> None:
+        self._collected = [None] * manifest.num_buckets
+
+    def load_bucket(self, manifest, index: int, bucket) -> None:
+        self._collected[index] = bucket
+
+    def end_load(self, manifest) -> None:
+        buckets, self._collected = self._collected, None
+        self.load_packed(manifest, buckets)
 
 
 def sample_seed(seed: int, prompt_id: int, sample_index: int, turn: int = 0) -> int:

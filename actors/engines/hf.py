@@ -14,6 +14,10 @@ merged into a copy of it (models/lora.py `merge`, W + (alpha / rank) B @ A) and 
 full weights, so generation costs what it costs without LoRA. An adapter on a tied model's
 `lm_head` merges into a head of its own (models/tied.py): the model is untied when the first
 such version arrives, and a base loaded after that fills the head from the embedding.
+
+Streamed loads (`transport.weight_load: streamed`): each bucket's tensors are copied into the
+model as the bucket arrives (`load_bucket`), the same copies a whole load makes, so the weights
+are the same bit for bit; `end_load` checks that every weight arrived.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from actors.engines.base import Completion, EngineContext, GenerateRequest, vers
 from actors.engines.client import EngineClient
 from configs.engines import HFEngineConfig
 from models import lora
-from models.tied import HEAD, load_state, untie, with_head
+from models.tied import HEAD, load_state, loaded, untie, with_head
 from models.logprobs import token_logprobs
 
 
@@ -50,6 +54,8 @@ class HFEngine:
         self.base: dict[str, torch.Tensor] | None = None
         """LoRA runs: the frozen base weights every adapter is merged into."""
         self._lock = threading.Lock()
+        self._streamed: set[str] = set()
+        """A streamed load: the names loaded since `begin_load`."""
 
     def load_packed(self, manifest, buckets: list) -> None:
         """Load what arrived over the weights channel (manifest + raw buckets): full weights,
@@ -64,6 +70,32 @@ class HFEngine:
                 self.load_base(state)
             case "adapter":
                 self.load_adapter(state, manifest.lora.scale, manifest.version)
+
+    def begin_load(self, manifest) -> None:
+        """Start a streamed full version: the model holds a mix of versions until `end_load`."""
+        with self._lock:
+            self.version = -1
+            self._streamed = set()
+
+    def load_bucket(self, manifest, index: int, bucket) -> None:
+        """Copy bucket `index`'s tensors into the model."""
+        from transport.weights import bucket_manifest, unpack
+
+        state = unpack(bucket_manifest(manifest, index), [bucket])
+        with self._lock:
+            if HEAD in state:  # as load_weights
+                untie(self.model)
+            unexpected = self.model.load_state_dict(state, strict=False).unexpected_keys
+            if unexpected:
+                raise ValueError(f"weights v{manifest.version} bucket {index}: {unexpected} "
+                                 "are not weights of the model")
+            self._streamed.update(state)
+
+    def end_load(self, manifest) -> None:
+        with self._lock:
+            missing = [k for k in self.model.state_dict() if k not in self._streamed]
+            loaded(self.model, missing, [], f"weights v{manifest.version}")
+            self.version = manifest.version
 
     def borrow_packed(self, manifest, buckets: list) -> None:
         """Full weights as the model's parameters without any copy: read-only views of

@@ -2,7 +2,8 @@
 
 It returns uniformly random tokens with the matching uniform logprob, after a latency drawn per
 request from a lognormal distribution (long-tailed, like real generation lengths); a batch takes
-as long as its slowest request. Weight loads only record the version.
+as long as its slowest request. Weight loads only record the version (streamed ones by the
+default of base.py `CollectBuckets`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import time
 
 import numpy as np
 
-from actors.engines.base import Completion, EngineContext, GenerateRequest, versioned_seed
+from actors.engines.base import (CollectBuckets, Completion, EngineContext, GenerateRequest,
+                                 versioned_seed)
 from actors.engines.client import EngineClient
 from configs.engines import SimulatedEngineConfig
 from transport.messages import WeightManifest
 
 
-class SimulatedEngine:
+class SimulatedEngine(CollectBuckets):
     def __init__(self, vocab_size: int, latency_mean_s: float, latency_sigma: float) -> None:
         self.vocab_size = vocab_size
         self.latency_mean_s = latency_mean_s

@@ -10,6 +10,14 @@ resumes and loads; this module holds the protocol around them:
                   version's seed (and adapter); with update_mode abort, a request the update
                   stopped is resubmitted as prompt + generated prefix until the completion ends
     update        close; pause(mode); load; version = new; open; resume     (one at a time)
+    stream        (transport.weight_load: streamed) begin_load: close; pause(mode); version = -1;
+                  load_bucket × N as the buckets arrive; end_load: version = new; open; resume.
+                  The engine stays paused for the whole transfer: vLLM and SGLang load in place,
+                  so a live engine cannot keep generating during the stream without sampling
+                  from a mix of two versions. A stream that stops part-way (`_stream` set, no
+                  end_load) leaves the engine closed and paused, version -1; the next load
+                  (streamed or whole) first finishes the engine side of the broken one, then
+                  loads a whole version and only then opens.
     update_mode   wait   running requests finish first
                   keep   running requests freeze and recompute their KV with the new weights:
                          one sequence then holds tokens of two versions, each token labelled by
@@ -93,6 +101,9 @@ class StreamingEngine(abc.ABC):
         self._users: Counter[int] = Counter()
         """LoRA runs: adapter id -> requests running on it."""
         self._lora_ids = itertools.count(1)
+        self._stream = None
+        """The manifest of a stream begun and not ended (the engine holds a mix of versions:
+        closed, paused, version -1); None while the engine holds a whole version (or none)."""
 
     # ------------------------------------------------------------ what a kind implements
     @abc.abstractmethod
@@ -112,6 +123,20 @@ class StreamingEngine(abc.ABC):
     @abc.abstractmethod
     async def _load_full(self, manifest, buckets: list) -> None:
         """Load full weights (the engine is paused)."""
+
+    @abc.abstractmethod
+    async def _begin_stream(self, manifest) -> None:
+        """Start loading `manifest` bucket by bucket (the engine is paused)."""
+
+    @abc.abstractmethod
+    async def _stream_bucket(self, manifest, index: int, bucket) -> None:
+        """Load bucket `index` of `manifest` (after `_begin_stream`, in index order)."""
+
+    @abc.abstractmethod
+    async def _end_stream(self, manifest, label: bool) -> None:
+        """Finish the engine side of a stream and drop the KV cache; `label`: the buckets
+        were all loaded, new tokens carry `manifest.version` (False: a stream that stopped
+        part-way, or a LoRA base, which keeps the version)."""
 
     @abc.abstractmethod
     async def _load_base(self, manifest, buckets: list) -> None:
@@ -196,11 +221,41 @@ class StreamingEngine(abc.ABC):
         """Load a version from a safetensors file (shared-filesystem weights)."""
         await self._update(version, self._load_from_file(path, version), self.update_mode)
 
+    async def begin_load(self, manifest) -> None:
+        """Start streaming full version `manifest.version` in (`load_bucket` per bucket, then
+        `end_load`): close and pause as update_mode says; no whole version until end_load."""
+        async with self._updating:
+            await self._close(self.update_mode)
+            self._stream, self.version = manifest, -1
+            await self._begin_stream(manifest)
+
+    async def load_bucket(self, manifest, index: int, bucket) -> None:
+        """Bucket `index` of the version `begin_load` started (buckets come in index order)."""
+        async with self._updating:
+            await self._stream_bucket(manifest, index, bucket)
+
+    async def end_load(self, manifest) -> None:
+        """Every bucket is in: label new tokens with the version, open, resume."""
+        async with self._updating:
+            await self._end_stream(manifest, label=True)
+            self._stream, self.version = None, manifest.version
+            self._open.set()
+            await self._resume()
+
+    async def _close(self, mode: str) -> None:
+        """Close and pause for a load; after a broken stream (closed and paused already),
+        finish its engine side instead."""
+        if self._stream is None:
+            self._open.clear()
+            await self._pause(mode)
+        else:
+            await self._end_stream(self._stream, label=False)
+            self._stream = None
+
     async def _update(self, version: int | None, load: Awaitable[None], mode: str) -> None:
         """Pause as `mode` asks, load, label new tokens `version` (None: keep the version)."""
         async with self._updating:
-            self._open.clear()
-            await self._pause(mode)
+            await self._close(mode)
             await load
             if version is not None:
                 self.version = version

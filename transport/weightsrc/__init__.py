@@ -62,11 +62,19 @@ Loading into engines
 HF: tensors are views of the received (or held) buckets, copied into the model once. vLLM: the
 version streams into vLLM's worker one bucket per RPC (`tether_begin_load`, `tether_load_bucket`
 × N, `tether_end_load`: vLLM's own in-place reload spread over calls), so vLLM's RPC copies one
-bucket at a time instead of the model several times over; the engine is paused (per
-`actors.engine.update_mode`) for those RPCs only, after the version has arrived. SGLang loads
-bucket by bucket between `begin_weight_update` and `end_weight_update`. A version is loaded only
-once all its buckets arrived and were checked: loading buckets while they arrive would hold the
-engine paused for the whole transfer.
+bucket at a time instead of the model several times over. SGLang loads bucket by bucket between
+`begin_weight_update` and `end_weight_update`.
+
+`transport.weight_load` says when: `staged` (default) loads a version once all its buckets
+arrived and were checked, so the engine is paused (per `actors.engine.update_mode`) for the load
+only, and the actor holds the whole version meanwhile. `streamed` hands each checked bucket to
+the engine in order (WeightSink `begin_load` / `load_bucket` / `end_load`), at most WINDOW held
+by the actor: the peak is a few buckets instead of a version, and the price is an engine paused
+for the whole transfer, since an in-place load cannot serve requests from a half-loaded model
+(a live engine would need a second copy of the weights to swap in at the end). A stream that
+stops part-way leaves the engine paused with version -1, and the next pull loads a whole
+version. Deltas and LoRA stay staged (zmq_pull.py says why). Figures:
+lab/results/vllm_load_memory.json.
 
 GPU path (`transport.weights_via: nccl`, nccl.py)
 

@@ -17,13 +17,26 @@ from configs.schema import TransportConfig
 
 
 class WeightSink(Protocol):
-    """What a source loads into: the actor's engine client (actors/engines/base.py LLMClient)."""
+    """What a source loads into: the actor's engine client (actors/engines/base.py LLMClient).
+
+    A full version arrives whole (`load_packed`, `transport.weight_load: staged`) or bucket by
+    bucket as each one's digest checks (`streamed`): `begin_load`, `load_bucket` for i = 0, 1,
+    ... in order, `end_load`. From `begin_load` on the engine holds no whole version: it
+    generates nothing and its `version` is -1 until an `end_load` (or a whole `load_packed` /
+    `load_file`) completes a version. A stream that stops early (the source could not fetch a
+    bucket) leaves the sink so, and the next load starts over with a whole version."""
 
     version: int
 
     async def load_packed(self, manifest, buckets: list) -> None: ...
 
     async def load_file(self, path: str, version: int) -> None: ...
+
+    async def begin_load(self, manifest) -> None: ...
+
+    async def load_bucket(self, manifest, index: int, bucket) -> None: ...
+
+    async def end_load(self, manifest) -> None: ...
 
 
 @dataclass
@@ -53,6 +66,8 @@ class PullStats:
     """Bucket bytes received, by endpoint."""
     versions: int = 0
     """Versions loaded."""
+    broken_streams: int = 0
+    """Streamed versions that stopped part-way (the engine then waits for a whole version)."""
 
 
 class WeightSource(Protocol):

@@ -6,7 +6,8 @@
                                           candidate 2 ...       ─┤ digest differs:
                                           the learner           ─┘ the next candidate
         digest checked (off the event loop) ─▶ kept: raw, or a delta XORed into the held copy
-    one load into the engine once every manifest is complete
+    one load into the engine once every manifest is complete                     (staged)
+    or each bucket into the engine as soon as its turn comes, in order           (streamed)
 
 A bucket whose digest differs from the learner's manifest is refused, counted
 (`stats.corrupt_buckets`) and fetched again from the next candidate; a relay thus cannot make
@@ -14,6 +15,14 @@ an actor load bytes the learner did not publish. Deltas (`WeightOffer.deltas`): 
 the decoded buckets of its version (`held`, one host copy of the model) and applies each
 delta in place; each decoded bucket is checked against `raw_digests`, and a broken chain
 drops the held copy (the next offer is then a full version).
+
+`transport.weight_load: streamed` (`_stream`): a full version's buckets go into the engine as
+they arrive, at most WINDOW held by the actor at once, instead of the whole version; the engine
+is paused from the first bucket to the last (an in-place load cannot leave it generating on a
+half-loaded model). A stream that stops part-way leaves the engine paused and holding no whole
+version (`version` -1, so the next offer is a full version). Deltas and LoRA stay staged: a
+delta needs the held copy of the previous version anyway, a base comes once per learner run
+and an adapter is small.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections import deque
 from pathlib import Path
 
 import msgspec
@@ -110,6 +120,10 @@ class ZmqSource:
                 log.info("loaded the base weights (%.2f MB)", man.total_bytes / 1e6)
             elif man.codec == "xor-zstd":
                 chain.append(man)
+            elif (self.ctx.transport.weight_load == "streamed" and man.kind == "full"
+                  and not offer.deltas):
+                await self._stream(sink, man, offer)
+                self._loaded(man)
             else:
                 keep = offer.deltas and man.kind == "full"
                 buckets = await self._fetch(man, offer, keep=keep)
@@ -133,11 +147,50 @@ class ZmqSource:
         await sink.load_packed(man, buckets)
         if keep:
             self.held, self.held_version = buckets, man.version
+        self._loaded(man, received, deltas)
+
+    def _loaded(self, man: m.WeightManifest, received: int | None = None,
+                deltas: int = 0) -> None:
         self.stale = False
         self.stats.versions += 1
         log.info("loaded weights v%d (%s, %.2f MB%s)", man.version, man.kind,
                  (man.total_bytes if received is None else received) / 1e6,
                  f" in {deltas} delta(s)" if deltas else "")
+
+    async def _stream(self, sink: WeightSink, man: m.WeightManifest,
+                      offer: m.WeightOffer) -> None:
+        """Full version `man` into `sink` bucket by bucket, in index order, each as soon as its
+        digest checks. Bucket i + WINDOW is asked for only once bucket i is in the engine, so
+        the actor holds at most WINDOW buckets (in flight, or arrived and waiting for their
+        turn). `begin_load` (which pauses the engine) waits for bucket 0 to arrive, so the
+        engine generates through the offer and the first bucket's trip. If a bucket cannot be
+        had (Gone, Unreachable) the stream stops there: the engine stays paused, holding no
+        whole version, until a later pull loads one."""
+        cands, dead = self.candidates(offer), set()
+        ahead: deque[asyncio.Task] = deque()
+        asked, begun = 0, False
+        try:
+            for i in range(man.num_buckets):
+                while asked < man.num_buckets and len(ahead) < WINDOW:
+                    ahead.append(asyncio.create_task(self._bucket(man, asked, cands, dead)))
+                    asked += 1
+                data = await ahead.popleft()
+                if not begun:
+                    await sink.begin_load(man)
+                    begun = True
+                await sink.load_bucket(man, i, data.buffer)
+                del data  # (the sink keeps it if it must)
+            await sink.end_load(man)
+        except (Gone, Unreachable):
+            if begun:
+                self.stats.broken_streams += 1
+                log.warning("weights v%d stopped part-way: the engine stays paused until a "
+                            "whole version is loaded", man.version)
+            raise
+        finally:
+            for t in ahead:
+                t.cancel()
+            await asyncio.gather(*ahead, return_exceptions=True)
 
     # ------------------------------------------------------------ buckets
     def candidates(self, offer: m.WeightOffer) -> list[PeerLink]:

@@ -18,7 +18,8 @@ Weight updates (`actors.engine.update_mode`), each with the engine paused so a v
 Weights arrive as Tether's byte buckets; each bucket becomes one uint8 tensor handed to SGLang's
 `update_weights_from_tensor(load_format="flattened_bucket")` (SGLang's own layout: a flat byte
 tensor plus name/dtype/shape/offsets), between `begin_weight_update` and `end_weight_update`: one
-bucket beyond the model is in memory at a time. Filesystem weights load with
+bucket beyond the model is in memory at a time (with `transport.weight_load: streamed`, each as it
+arrives: streaming.py). Filesystem weights load with
 `update_weights_from_disk` from a per-version directory holding a link to the version file.
 
 LoRA runs (`lora_rank > 0`, docs/lora.md): SGLang starts with `enable_lora` (its `torch_native`
@@ -248,24 +249,40 @@ class SGLangEngine(StreamingEngine):
         return set(self.engine.tokenizer_manager.lora_registry.get_all_adapters())
 
     async def _load_buckets(self, manifest, buckets: list) -> None:
-        from sglang.srt.managers.io_struct import (BeginWeightUpdateReqInput,
-                                                   EndWeightUpdateReqInput,
-                                                   UpdateWeightsFromTensorReqInput)
+        """A version that arrived whole: the calls `transport.weight_load: streamed` makes as
+        it arrives."""
+        await self._begin_stream(manifest)
+        for i, buf in enumerate(buckets):
+            await self._stream_bucket(manifest, i, buf)
+        await self._end_stream(manifest, label=True)
+
+    async def _begin_stream(self, manifest) -> None:
+        from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput
+
+        _check(await self.engine.tokenizer_manager.begin_weight_update(
+            BeginWeightUpdateReqInput(), None), "begin_weight_update")
+
+    async def _stream_bucket(self, manifest, index: int, bucket) -> None:
+        """The last bucket flushes the cache and names the version SGLang labels tokens with
+        (a stream that stops part-way names none)."""
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
         from sglang.srt.utils.common import MultiprocessingSerializer
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-        tm = self.engine.tokenizer_manager
-        _check(await tm.begin_weight_update(BeginWeightUpdateReqInput(), None), "begin_weight_update")
-        for i, buf in enumerate(buckets):
-            flat, metas = _bucket_tensor(manifest, i, buf, FlattenedTensorMetadata)
-            payload = MultiprocessingSerializer.serialize(
-                {"flattened_tensor": flat, "metadata": metas})
-            last = i == len(buckets) - 1
-            _check(await tm.update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
+        flat, metas = _bucket_tensor(manifest, index, bucket, FlattenedTensorMetadata)
+        payload = MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metas})
+        last = index == manifest.num_buckets - 1
+        _check(await self.engine.tokenizer_manager.update_weights_from_tensor(
+            UpdateWeightsFromTensorReqInput(
                 serialized_named_tensors=[payload], load_format="flattened_bucket",
                 flush_cache=last, weight_version=str(manifest.version) if last else None), None),
-                f"update_weights_from_tensor (v{manifest.version}, bucket {i})")
-        _check(await tm.end_weight_update(EndWeightUpdateReqInput(), None), "end_weight_update")
+            f"update_weights_from_tensor (v{manifest.version}, bucket {index})")
+
+    async def _end_stream(self, manifest, label: bool) -> None:
+        from sglang.srt.managers.io_struct import EndWeightUpdateReqInput
+
+        _check(await self.engine.tokenizer_manager.end_weight_update(EndWeightUpdateReqInput(),
+                                                                     None), "end_weight_update")
 
     async def receive_broadcast(self, manifest, plan) -> None:
         """Version `manifest.version` by the learner's broadcast (transport/weightsrc/nccl.py,

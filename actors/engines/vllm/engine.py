@@ -193,22 +193,40 @@ class VLLMEngine(StreamingEngine):
 
     async def _load_full(self, manifest, buckets: list) -> None:
         """Loaded in vLLM's worker (actors/engines/vllm/worker.py), bucket by bucket."""
-        await self._stream(manifest, buckets)
-        await self.llm.update_weight_version(str(manifest.version))
+        await self._stream_all(manifest, buckets, label=True)
 
     async def _load_base(self, manifest, buckets: list) -> None:
-        await self._stream(manifest, buckets)
+        await self._stream_all(manifest, buckets, label=False)
 
-    async def _stream(self, manifest, buckets: list) -> None:
+    async def _stream_all(self, manifest, buckets: list, label: bool) -> None:
+        """A version that arrived whole, streamed into the worker as `transport.weight_load:
+        streamed` does while it arrives: the same RPCs, so the same weights bit for bit."""
+        await self._begin_stream(manifest)
+        for i, bucket in enumerate(buckets):
+            await self._stream_bucket(manifest, i, bucket)
+        await self._end_stream(manifest, label)
+
+    async def _begin_stream(self, manifest) -> None:
+        await self.llm.collective_rpc("tether_begin_load")
+
+    async def _stream_bucket(self, manifest, index: int, bucket) -> None:
         """One bucket per RPC (actors/engines/vllm/worker.py tether_load_bucket): the RPC's
-        serialisation copies one bucket at a time, never the whole model; then drop all KV."""
+        serialisation copies one bucket at a time, never the whole model. The bucket goes as
+        it is (bytes, bytearray or a received frame's memoryview: msgpack bin all three), not
+        copied first."""
         from transport.weights import bucket_manifest
 
-        await self.llm.collective_rpc("tether_begin_load")
-        for i, bucket in enumerate(buckets):
-            raw = msgspec.msgpack.encode(bucket_manifest(manifest, i))
-            await self.llm.collective_rpc("tether_load_bucket", args=(raw, bytes(bucket)))
+        raw = msgspec.msgpack.encode(bucket_manifest(manifest, index))
+        await self.llm.collective_rpc("tether_load_bucket", args=(raw, bucket))
+
+    async def _end_stream(self, manifest, label: bool) -> None:
+        """vLLM's finalize, drop all KV, and (`label`) name the version vLLM labels new tokens
+        with. After a stream that stopped part-way, finalize leaves the model fit for the next
+        load but holding nothing usable (layers with some tensors missing are processed
+        anyway), which is why the engine stays closed until a whole version is in."""
         await self._rpc("tether_end_load", ())
+        if label:
+            await self.llm.update_weight_version(str(manifest.version))
 
     async def receive_broadcast(self, manifest, plan) -> None:
         """Version `manifest.version` by the learner's NCCL broadcast (transport/weightsrc/

@@ -54,13 +54,14 @@ class TetherWorkerExtension:
 
     def tether_load_bucket(self, manifest_raw: bytes, bucket: bytes) -> int:
         """One bucket (its manifest from transport.weights.bucket_manifest); returns the
-        number of tensors loaded."""
+        number of tensors loaded. The tensors are read-only views of the RPC's bytes (no copy:
+        vLLM's weight loaders only read them, copying each into its parameter)."""
         from models.tied import with_head
         from transport.messages import WeightManifest
         from transport.weights import unpack
 
         manifest = msgspec.msgpack.decode(manifest_raw, type=WeightManifest)
-        state = with_head(unpack(manifest, [bucket]))
+        state = with_head(unpack(manifest, [bucket], readonly=True))
         self.model_runner.get_model().load_weights(iter(state.items()))
         return len(state)
 
