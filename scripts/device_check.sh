@@ -8,7 +8,8 @@
 #                    on PYTHONPATH after the repo: the machine's torch and the rest stay as
 #                    they are (the repo alone on PYTHONPATH if setuptools is missing)   ~15 s
 #   3/4 GPU tests    pytest -m "gpu and not vllm" (JUnit XML): FSDP2 with NCCL on one
-#                    rank against the single-process CUDA backend                     ~60 s
+#                    rank against the single-process CUDA backend, bf16 weights
+#                    (BF16AdamW) and packed rows (sdpa) on CUDA                       ~75 s
 #   4/4 measurements scripts/device_check.py: placement refusal (~15 s), fork probe
 #                    (~30 s), bf16 learner steps and peak memory vs predicted on
 #                    Qwen2.5-1.5B and 7B-width/4-layer random inits (~60 s), the HF engine

@@ -86,7 +86,9 @@ def test_dry_run_of_the_whole_device_check(tmp_path):
     assert list(report["steps"]) == list(dc.STEPS)
     gpu = {k.rsplit("::", 1)[1] for k in report["gpu_tests"]}
     assert {"test_fsdp2_nccl_one_rank_equals_single_process",
-            "test_auto_dtype_is_bf16_and_tf32_is_on_for_the_cuda_learner"} == gpu
+            "test_auto_dtype_is_bf16_and_tf32_is_on_for_the_cuda_learner",
+            "test_bf16_adamw_on_cuda_is_fp32_adamw_rounded_to_a_neighbour",
+            "test_bf16_weights_train_on_cuda", "test_packed_rows_stay_apart_on_cuda_in_bf16"} == gpu
     assert set(report["gpu_tests"].values()) == {"skipped"}  # no CUDA here
     steps = {k: v["result"] for k, v in report["steps"].items()}
     assert "GPU 0 is given to both learner rank 0 and actor 0" in steps["placement"]["stated"]["stderr"]

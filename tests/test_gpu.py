@@ -1,5 +1,5 @@
 """The GPU path: vLLM on CUDA against the learner on CUDA, in-flight `keep` updates, FSDP2 with
-NCCL, the learner -> vLLM weight path. Every test is @pytest.mark.gpu (skipped without CUDA;
+NCCL, bf16 weights (BF16AdamW) and packed rows on CUDA, the learner -> vLLM weight path. Every test is @pytest.mark.gpu (skipped without CUDA;
 scripts/device_check.sh runs them all). The tiny model is used unless TETHER_GPU_MODEL names an
 HF directory (the device check passes SmolLM2-135M-Instruct) for the bf16 gap test.
 """
@@ -229,3 +229,77 @@ def test_versions_reach_a_vllm_actor_by_nccl_broadcast(tmp_path, tiny_model_dir)
                                          "".join(actor.lines))]
     assert loaded and loaded == sorted(loaded) and loaded[-1] >= 3, actor.tail()
     assert s["weights_sent_bytes"] == {}  # no bucket went over ZeroMQ
+
+
+def test_bf16_adamw_on_cuda_is_fp32_adamw_rounded_to_a_neighbour():
+    """learner.backend.param_dtype=bfloat16 on a GPU: BF16AdamW draws its rounding noise from a
+    generator on the parameters' device, and one step lands on a bf16 neighbour of fp32 AdamW's
+    result (tests/test_optim.py, on CUDA tensors)."""
+    from learner.backends.optim import BF16AdamW
+
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    w0 = torch.randn(1 << 20, generator=gen, device=DEVICE).bfloat16()
+    grad = torch.randn(1 << 20, generator=gen, device=DEVICE).bfloat16()
+    ref = torch.nn.Parameter(w0.float())
+    got = torch.nn.Parameter(w0.clone())
+    ref.grad, got.grad = grad.float(), grad.clone()
+    torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1).step()
+    BF16AdamW([got], lr=1e-2, weight_decay=0.1).step()
+    r = ref.detach()
+    low = (r.view(torch.int32) & -65536).view(torch.float32)
+    high = (low.view(torch.int32) + 65536).view(torch.float32)
+    g, tol = got.detach().float(), 1e-6 * r.abs()
+    assert torch.all(((g - low).abs() <= tol) | ((g - high).abs() <= tol))
+    assert 0 < (g == high).float().mean().item() < 1  # both neighbours drawn
+
+
+def test_bf16_weights_train_on_cuda(tiny_model_dir):
+    """A single-process CUDA backend with bf16 weights (param_dtype=bfloat16, model.dtype
+    bfloat16) takes a step: bf16 parameters and moments on the GPU, the weights move, the loss
+    is finite."""
+    from learner.backends.single import SingleProcessBackend
+
+    backend = SingleProcessBackend(tiny_model_dir, 1e-3, 0.0, 0, torch.device(DEVICE),
+                                   torch.bfloat16, param_dtype="bfloat16")
+    before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
+    ids = torch.randint(0, 16, (4, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    lp = backend.logprobs(ids, 1.0)
+    loss = -lp.mean()
+    assert torch.isfinite(loss)
+    backend.zero_grad()
+    backend.backward(loss)
+    backend.apply_gradients(1.0)
+    params = dict(backend.model.named_parameters())
+    assert {p.dtype for p in params.values()} == {torch.bfloat16}
+    assert all(p.device.type == DEVICE for p in params.values())
+    assert any(not torch.equal(before[n], p.detach()) for n, p in params.items())
+
+
+def test_packed_rows_stay_apart_on_cuda_in_bf16(tiny_model_dir):
+    """learner.pack_rows on a GPU (sdpa, bf16): the start-up check passes, and a pack's second
+    row gets its own logprobs whatever its first row holds (bitwise, as on the CPU), close to
+    the row run alone (bf16 rounding: BF16_MEAN_TOL)."""
+    from learner.algo import microbatch
+    from learner.algo.batch import TokenBatch
+    from models import packing
+
+    backend = _backend(tiny_model_dir, torch.bfloat16)
+    lp = lambda ids, pos: backend.logprobs(ids, 1.0, pos)  # noqa: E731
+    packing.require_rows_apart("the policy", backend.model, lp)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 16, (2, 10), generator=gen)
+    lengths = torch.tensor([7, 10])
+    part = microbatch.MicroBatch(rows=torch.tensor([0, 1]), length=10, packed=lengths)
+
+    def rows(input_ids: torch.Tensor) -> torch.Tensor:
+        mb = TokenBatch(input_ids=input_ids.to(DEVICE), mask=None, behavior=None, versions=None,
+                        rewards=None, num_groups=1, lengths=lengths)
+        with torch.no_grad():
+            return part.run(lp, mb).float().cpu()
+
+    other = ids.clone()
+    other[0] = (other[0] + 3) % 16
+    assert torch.equal(rows(ids)[1], rows(other)[1])
+    with torch.no_grad():
+        alone = backend.logprobs(ids[1:].to(DEVICE), 1.0).float().cpu()[0]
+    assert (rows(ids)[1] - alone).abs().mean().item() <= BF16_MEAN_TOL
