@@ -431,6 +431,11 @@ def check_ranges(cfg: TetherConfig) -> list[str]:
     need(not L.pack_rows or L.max_tokens_per_microbatch > 0, "learner.pack_rows",
          "false unless learner.max_tokens_per_microbatch > 0 (it packs each micro-batch's rows)",
          L.pack_rows)
+    need(T.weight_load == "staged" or (T.weights_via in ("zmq", "relay")
+                                       and T.weight_full_every == 0 and L.lora.rank == 0),
+         "transport.weight_load", "staged with weights_via filesystem or nccl, deltas "
+         "(weight_full_every > 0) or LoRA (only full versions over zmq or relay stream)",
+         T.weight_load)
     if T.weights_via == "nccl":
         need(A.engine.weight_broadcast() is not None and T.nccl_engines >= 1
              and L.lora.rank == 0, "transport.weights_via", "zmq, relay or filesystem unless "

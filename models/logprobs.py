@@ -55,6 +55,8 @@ def _forward(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float
                                                  with_entropy, chunk, project),
                            dim=-1)
 
+    if position_ids is not None:  # made beside the ids, which a backend may have moved
+        position_ids = position_ids.to(input_ids.device)
     with _replaced_forward(head, chunked):
         out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
     return out[..., 0], out[..., 1]

@@ -39,13 +39,18 @@ def require_rows_apart(name: str, model: torch.nn.Module,
     hook = base.model.register_forward_hook(
         lambda module, args, out: caught.append(out.last_hidden_state[0, -len(SECOND):].float()))
     device = next(model.parameters()).device
-    with torch.no_grad():
-        for restart in (0, len(FIRST[0])):  # B's positions from 0 (packed), or after A's
-            for first in FIRST:
-                pos = [*range(len(first)), *range(restart, restart + len(SECOND))]
-                run(torch.tensor([first + SECOND], device=device),
-                    torch.tensor([pos], device=device))
-    hook.remove()
+    training = model.training
+    model.eval()  # dropout would move B by itself
+    try:
+        with torch.no_grad():
+            for restart in (0, len(FIRST[0])):  # B's positions from 0 (packed), or after A's
+                for first in FIRST:
+                    pos = [*range(len(first)), *range(restart, restart + len(SECOND))]
+                    run(torch.tensor([first + SECOND], device=device),
+                        torch.tensor([pos], device=device))
+    finally:
+        hook.remove()
+        model.train(training)
     packed = (caught[0] - caught[1]).abs().max()
     causal = (caught[2] - caught[3]).abs().max()
     if packed > LEAK_FRACTION * causal:

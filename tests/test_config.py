@@ -40,6 +40,13 @@ def test_every_shipped_preset_is_valid(preset):
      "actors.engine.update_mode must be one of"),
     (["transport.weights_via=nfs"], "transport.weights_via must be one of"),
     (["transport.weight_load=lazy"], "transport.weight_load must be one of staged, streamed"),
+    (["transport.weight_load=streamed", "transport.weight_full_every=4"],
+     "transport.weight_load must be staged with weights_via filesystem or nccl, deltas"),
+    (["transport.weight_load=streamed", "transport.weights_via=filesystem"],
+     "transport.weight_load must be staged with weights_via filesystem or nccl"),
+    (["transport.weight_load=streamed", "learner.lora.rank=4"],
+     "transport.weight_load must be staged with weights_via filesystem or nccl, deltas "
+     "(weight_full_every > 0) or LoRA"),
     (["actors.engine=vllm", "actors.engine.kv_cache_gb=-0.5"], "actors.engine.kv_cache_gb must be >= 0"),
     (["actors.engine.kv_cache_gb=1"], "unknown config key 'actors.engine.kv_cache_gb' for actors.engine kind hf"),
     (["learner.backend.tp=2"], "unknown config key 'learner.backend.tp' for learner.backend kind single"),

@@ -81,7 +81,7 @@ class HFEngine:
         """Copy bucket `index`'s tensors into the model."""
         from transport.weights import bucket_manifest, unpack
 
-        state = unpack(bucket_manifest(manifest, index), [bucket])
+        state = unpack(bucket_manifest(manifest, index), [bucket], readonly=True)  # only read
         with self._lock:
             if HEAD in state:  # as load_weights
                 untie(self.model)

@@ -61,6 +61,8 @@ class ValueModel(torch.nn.Module):
         """(rows, L) -> values (rows, L - 1): column t is the value of the prefix ending at
         position t, i.e. of the state in which the token of column t is sampled.
         `position_ids`: packed rows, as the policy's (models/logprobs.py)."""
+        if position_ids is not None:  # made beside the ids, which a backend may have moved
+            position_ids = position_ids.to(input_ids.device)
         hidden = self.model(input_ids=input_ids, position_ids=position_ids,
                             use_cache=False).last_hidden_state
         return self.value_head(hidden[:, :-1]).squeeze(-1).clone()  # not a view (FSDP2 hooks)

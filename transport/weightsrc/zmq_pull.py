@@ -181,7 +181,7 @@ class ZmqSource:
                 await sink.load_bucket(man, i, data.buffer)
                 del data  # (the sink keeps it if it must)
             await sink.end_load(man)
-        except (Gone, Unreachable):
+        except Exception:  # Gone, Unreachable, or the engine's own failure: counted, raised
             if begun:
                 self.stats.broken_streams += 1
                 log.warning("weights v%d stopped part-way: the engine stays paused until a "
