@@ -297,8 +297,15 @@ class Actor:
         while True:
             now = time.monotonic()
             if now >= next_hello:
-                await self.control.send(self._hello())
-                next_hello = now + timeout
+                # never a blocking send: after a failed CURVE handshake libzmq drops the
+                # connection's pipe and does not reconnect, and the send would wait forever
+                # instead of letting the monitor below say why (seen under load: the handshake
+                # failed before the first Hello); Again: tried again next tick
+                try:
+                    await self.control.send(self._hello(), zmq.NOBLOCK)
+                    next_hello = now + timeout
+                except zmq.Again:
+                    pass
             if await self.control.poll(JOIN_TICK_S * 1000):
                 reply = await self.control.recv()
                 try:

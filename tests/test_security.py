@@ -36,6 +36,16 @@ def test_curve_admits_allowed_keys_only(tmp_path, tiny_model_dir):
         rogue.wait_for(r"actor rogue cannot join: the learner refused this actor's CURVE key",
                        timeout=60)
         assert rogue.finish(timeout=60) == 5, rogue.tail()
+        # the same when its first Hello comes after the failed handshake (as under load)
+        late = procs.Proc(["tests/late_hello_actor.py", "-c", str(run / "config.yaml"),
+                           "--actor-id", "late", str(run / "endpoints.json"),
+                           f"transport.curve_client_secret={rogue_sec}",
+                           f"transport.curve_server_public={server_pub}",
+                           "transport.curve_server_secret=", "transport.curve_allowed_dir=",
+                           *common], tmp_path / "late.log")
+        late.wait_for(r"actor late cannot join: the learner refused this actor's CURVE key",
+                      timeout=60)
+        assert late.finish(timeout=60) == 5, late.tail()
         # a client without CURVE cannot even get its Hello through
         ctx = zmq.Context()
         plain = ctx.socket(zmq.DEALER)
