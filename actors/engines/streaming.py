@@ -121,10 +121,6 @@ class StreamingEngine(abc.ABC):
         """Continue generating after `_pause`."""
 
     @abc.abstractmethod
-    async def _load_full(self, manifest, buckets: list) -> None:
-        """Load full weights (the engine is paused)."""
-
-    @abc.abstractmethod
     async def _begin_stream(self, manifest) -> None:
         """Start loading `manifest` bucket by bucket (the engine is paused)."""
 
@@ -137,10 +133,6 @@ class StreamingEngine(abc.ABC):
         """Finish the engine side of a stream and drop the KV cache; `label`: the buckets
         were all loaded, new tokens carry `manifest.version` (False: a stream that stopped
         part-way, or a LoRA base, which keeps the version)."""
-
-    @abc.abstractmethod
-    async def _load_base(self, manifest, buckets: list) -> None:
-        """Load a LoRA run's base (the engine is paused)."""
 
     @abc.abstractmethod
     async def _load_from_file(self, path: str, version: int) -> None:
@@ -211,11 +203,20 @@ class StreamingEngine(abc.ABC):
             case "adapter":
                 await self._load_adapter(manifest, buckets)
             case "base":
-                await self._update(None, self._load_base(manifest, buckets),
+                await self._update(None, self._load_whole(manifest, buckets, label=False),
                                    self.BASE_UPDATE_MODE or self.update_mode)
             case _:
-                await self._update(manifest.version, self._load_full(manifest, buckets),
+                await self._update(manifest.version,
+                                   self._load_whole(manifest, buckets, label=True),
                                    self.update_mode)
+
+    async def _load_whole(self, manifest, buckets: list, label: bool) -> None:
+        """Full weights or a LoRA run's base that arrived whole (the engine is paused): the
+        calls a streamed load makes as the buckets arrive, so the same weights bit for bit."""
+        await self._begin_stream(manifest)
+        for i, bucket in enumerate(buckets):
+            await self._stream_bucket(manifest, i, bucket)
+        await self._end_stream(manifest, label)
 
     async def load_file(self, path: str, version: int) -> None:
         """Load a version from a safetensors file (shared-filesystem weights)."""

@@ -96,7 +96,7 @@ class Trainer:
                 and not L.max_tokens_per_microbatch):
             (mb, norm), = minibatches
             with self.timeline.span("forward"):
-                theta = self._logprobs(mb)
+                theta = self._logprobs(mb.input_ids)
             with torch.no_grad(), self.timeline.span("prox"):
                 prep = self._prepare(mb, norm, prox=theta[0].detach())
             metrics = self._minibatch(mb, norm, prep, version, theta)
@@ -230,7 +230,7 @@ class Trainer:
         self.backend.zero_grad()
         for part in parts:
             with tl.span("forward"):
-                theta = part.run(self._forward_logprobs, mb)
+                theta = part.run(self._logprobs, mb)
                 loss, stats = self._policy_loss(part.batch(mb), norm, _take(prep, part), version,
                                                 theta)
             with tl.span("backward_optimizer"):
@@ -263,7 +263,7 @@ class Trainer:
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """pi_theta's forward on `mb` (unless `theta` is given) and its share of the loss."""
         L = self.lcfg
-        logp, entropy = self._logprobs(mb) if theta is None else theta
+        logp, entropy = self._logprobs(mb.input_ids) if theta is None else theta
         staleness = (version - mb.versions) * mb.mask.long()
         budget = max_completion_tokens(self.cfg)
         in_loss = prep.ref if L.kl_in == "loss" else None
@@ -293,14 +293,10 @@ class Trainer:
         out["is_ess"] = out["ess_w"] ** 2 / out["ess_w2"] if out["ess_w2"] > 0 else 1.0
         return out
 
-    def _logprobs(self, mb: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """pi_theta's logprobs and entropy from one forward pass; the entropy carries a
-        gradient only when it is in the loss."""
-        return self._forward_logprobs(mb.input_ids)
-
-    def _forward_logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_logprobs` of these inputs (position ids: packed rows)."""
+    def _logprobs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """pi_theta's logprobs and entropy from one forward pass (position ids: packed rows);
+        the entropy carries a gradient only when it is in the loss."""
         return self.backend.logprobs_entropy(input_ids, self.cfg.task.temperature,
                                              entropy_grad=self.lcfg.entropy_coef > 0,
                                              position_ids=position_ids)

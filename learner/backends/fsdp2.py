@@ -66,6 +66,9 @@ class FSDP2Backend:
             model = sharded_load.meta_causal_lm(self.model_dir, weights)
         model, self.lora = with_lora(model.to(weights), lora, seed)
         starts = adapter_starts(model, seed) if self.lora is not None else {}
+        starts |= {name: torch.zeros(p.shape, dtype=p.dtype)  # the critic's value head
+                   for name, p in model.named_parameters()
+                   if name in getattr(model, "NOT_IN_FILES", ())}
         if activation_checkpointing:
             checkpoint_layers(model)
         meta = sharded_load.is_meta(model)
@@ -86,8 +89,7 @@ class FSDP2Backend:
                 module.set_force_sum_reduction_for_comms(True)
         if meta:  # each rank allocates and reads its shards only
             sharded_load.materialise(model, self.model_dir, device,
-                                     zeros=getattr(model, "NOT_IN_FILES", ()), starts=starts,
-                                     file_name=lora_lib.hf_name)
+                                     starts=starts, file_name=lora_lib.hf_name)
         self.model = model
         self.optimizer = make_optimizer(trainable(model), lr, weight_decay, param_dtype,
                                         seed + self.dp_rank)

@@ -38,14 +38,14 @@ def is_meta(model: torch.nn.Module) -> bool:
 
 
 def materialise(model: torch.nn.Module, model_dir: Path, device: torch.device,
-                zeros: tuple[str, ...] = (), starts: dict[str, torch.Tensor] | None = None,
+                starts: dict[str, torch.Tensor] | None = None,
                 file_name: Callable[[str], str] = str) -> None:
     """Give a meta-device (sharded) model real storage on `device` and load this rank's part of
     every parameter from the safetensors files in `model_dir`, where parameter `name` is
-    `file_name(name)` (a peft model's base weights: models/lora.py hf_name). Parameters named
-    in `zeros` (not in the files: the critic's value head) start at zero, those in `starts`
-    at this rank's part of the full tensor given (LoRA adapters). A parameter missing from the
-    files is a ValueError naming it."""
+    `file_name(name)` (a peft model's base weights: models/lora.py hf_name). Parameters not in
+    the files start at this rank's part of their full tensor in `starts` (the critic's value
+    head: zeros; LoRA adapters: learner/backends/base.py adapter_starts). A parameter in
+    neither is a ValueError naming it."""
     starts = starts or {}
     model.to_empty(device=device)
     with contextlib.ExitStack() as stack, torch.no_grad():
@@ -54,9 +54,6 @@ def materialise(model: torch.nn.Module, model_dir: Path, device: torch.device,
         where = {k: h for h in handles for k in h.keys()}
         for name, p in model.named_parameters():
             local, offset = _local_part(p)
-            if name in zeros:
-                local.zero_()
-                continue
             rows = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
             if name in starts:
                 local.copy_(starts[name][rows])

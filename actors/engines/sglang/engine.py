@@ -203,12 +203,6 @@ class SGLangEngine(StreamingEngine):
         await self.engine.tokenizer_manager.continue_generation(
             ContinueGenerationReqInput(torch_empty_cache=False))
 
-    async def _load_full(self, manifest, buckets: list) -> None:
-        await self._load_buckets(manifest, buckets)
-
-    async def _load_base(self, manifest, buckets: list) -> None:
-        await self._load_buckets(manifest, buckets)
-
     async def _load_from_file(self, path: str, version: int) -> None:
         await self._load_disk(path, version)
 
@@ -247,14 +241,6 @@ class SGLangEngine(StreamingEngine):
     def loaded_adapters(self) -> set[str]:
         """LoRA runs: the adapters SGLang's registry holds now (by name)."""
         return set(self.engine.tokenizer_manager.lora_registry.get_all_adapters())
-
-    async def _load_buckets(self, manifest, buckets: list) -> None:
-        """A version that arrived whole: the calls `transport.weight_load: streamed` makes as
-        it arrives."""
-        await self._begin_stream(manifest)
-        for i, buf in enumerate(buckets):
-            await self._stream_bucket(manifest, i, buf)
-        await self._end_stream(manifest, label=True)
 
     async def _begin_stream(self, manifest) -> None:
         from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput

@@ -191,22 +191,8 @@ class VLLMEngine(StreamingEngine):
     async def _resume(self) -> None:
         await self.llm.resume_generation()
 
-    async def _load_full(self, manifest, buckets: list) -> None:
-        """Loaded in vLLM's worker (actors/engines/vllm/worker.py), bucket by bucket."""
-        await self._stream_all(manifest, buckets, label=True)
-
-    async def _load_base(self, manifest, buckets: list) -> None:
-        await self._stream_all(manifest, buckets, label=False)
-
-    async def _stream_all(self, manifest, buckets: list, label: bool) -> None:
-        """A version that arrived whole, streamed into the worker as `transport.weight_load:
-        streamed` does while it arrives: the same RPCs, so the same weights bit for bit."""
-        await self._begin_stream(manifest)
-        for i, bucket in enumerate(buckets):
-            await self._stream_bucket(manifest, i, bucket)
-        await self._end_stream(manifest, label)
-
     async def _begin_stream(self, manifest) -> None:
+        """Weights load in vLLM's worker (actors/engines/vllm/worker.py), bucket by bucket."""
         await self.llm.collective_rpc("tether_begin_load")
 
     async def _stream_bucket(self, manifest, index: int, bucket) -> None:
