@@ -3,7 +3,8 @@ tells the other ranks, one command at a time, which collective step comes next.
 
     rank 0: learner/main.py through `Leader`            ranks 1..N-1: `follow()`
       step(groups, v)   ── STEP v + the batch ──────▶   Trainer.step(groups, v) on its share
-      gather_weights(v) ── GATHER v ────────────────▶   all-gather each tensor, drop it
+      gather_weights(v) ── GATHER v ────────────────▶   all-gather each tensor; keep and pack
+                                                        its own buckets, or drop it
                            (LoRA: the adapter's tensors only)
       gather_base()     ── GATHER_BASE ───────────▶   LoRA, once: the frozen base, likewise
       save_checkpoint   ── SAVE + directory ────────▶   write its shards
@@ -16,7 +17,8 @@ Commands and batches are `torch.distributed.broadcast`s of tensors from rank 0, 
 a command is int64 [op, version], then the sizes of the op's arrays (`PAYLOADS`), then each
 non-empty array: a batch of groups in the record codec's arrays (buffer/record.py
 `to_arrays`) or a directory name. Followers block in that broadcast; rank 0 is the only rank
-with sockets.
+with sockets to actors. With full weights over ZeroMQ, every rank packs and serves its own
+buckets of each version through rank 0 (transport/weightsrc/shards.py, `Leader.link`).
 
 Signals: the followers ignore SIGINT/SIGTERM. On rank 0, with more than one rank, a signal
 only sets a flag that the loop checks between steps (`check_interrupt`), so no rank is ever
@@ -166,7 +168,11 @@ class Leader:
     """Rank 0's handle on the learner's ranks: each call tells the others, then does its part.
     With one rank it only does its part."""
 
-    def __init__(self, trainer: Trainer, backend: Backend, ranks: Ranks, bucket_bytes: int) -> None:
+    def __init__(self, trainer: Trainer, backend: Backend, ranks: Ranks, bucket_bytes: int,
+                 link=None) -> None:
+        """`link`: rank 0's end of the ranks' bucket channel (transport/weightsrc/shards.py),
+        None when rank 0 packs whole versions."""
+        self.link = link
         self.trainer = trainer
         self.backend = backend
         self.ranks = ranks
@@ -195,7 +201,8 @@ class Leader:
     def gather_weights(self, version: int, publisher: Publisher) -> None:
         """Gather the full weights (LoRA: the adapter) tensor by tensor into `publisher`'s
         queue, full weights in the engines' dtype (`publish_dtype`: each rank casts its shard
-        before the gather; only rank 0 keeps the result).
+        before the gather; with `link`, each rank keeps its own buckets' tensors, else only
+        rank 0 keeps them).
         Returns once the last tensor is queued; the packer thread announces the version
         (learner/publisher.py). LoRA tensors stay fp32: engines merge them into the base."""
         self._send(Op.GATHER, version)
@@ -251,8 +258,22 @@ def publish_dtype(trainer: Trainer, ranks: Ranks) -> torch.dtype:
     return torch_dtype(trainer.cfg.model.dtype, ranks.device)
 
 
-def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
-    """Ranks 1..N-1: do what rank 0 says until it says STOP."""
+def all_gather_strings(ranks: Ranks, s: str, size: int = 512) -> list[str]:
+    """Collective: every rank's `s` (at most `size` bytes of UTF-8), in rank order."""
+    raw = s.encode()
+    if len(raw) > size:
+        raise ValueError(f"{s!r} is longer than {size} bytes")
+    mine = torch.zeros(size, dtype=torch.uint8)
+    mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    out = [torch.zeros(size, dtype=torch.uint8, device=ranks.device) for _ in range(ranks.world)]
+    dist.all_gather(out, mine.to(ranks.device))
+    return [bytes(t.cpu().numpy()).rstrip(b"\0").decode() for t in out]
+
+
+def follow(trainer: Trainer, backend: Backend, ranks: Ranks,
+           publisher: Publisher | None = None) -> None:
+    """Ranks 1..N-1: do what rank 0 says until it says STOP. `publisher`: this rank packs its
+    own buckets of each version into it (transport/weightsrc/shards.py), else None."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     steps = 0
@@ -264,6 +285,9 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks) -> None:
             case Op.STEP:
                 trainer.step(record.from_arrays(arrays), version)
                 steps += 1
+            case Op.GATHER if publisher is not None:
+                dtype = publish_dtype(trainer, ranks)
+                publisher.publish(version, backend.named_full_tensors(dtype), dtype=dtype)
             case Op.GATHER:
                 named = (backend.named_full_tensors(publish_dtype(trainer, ranks))
                          if backend.lora is None

@@ -60,6 +60,7 @@ from learner.obs.timeline import Timeline
 from learner.algo.trainer import Trainer
 from models import devices
 from learner.publisher import Publisher
+from transport.weightsrc import shards
 from transport.weightsrc.registry import for_actors
 
 log = logging.getLogger(__name__)
@@ -117,14 +118,24 @@ def run(cfg: TetherConfig) -> dict | None:
                       eos_id=tokenizer.eos_token_id)
     _log_memory("reference/critic models")
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
+    link = None  # every rank serves its own buckets of each version (a collective)
+    if shards.applies(cfg.transport.weights_via, backend.lora is not None, ranks.world):
+        link = shards.link(ranks.rank, ranks.world,
+                           lambda s: distributed.all_gather_strings(ranks, s))
     if ranks.rank > 0:
         if checkpoint is not None:
             backend.load_checkpoint(checkpoint)
             trainer.models.load(checkpoint)
-        distributed.follow(trainer, backend, ranks)
+        publisher = None
+        if link is not None:
+            publisher = Publisher(cfg.transport.weight_bucket_bytes,
+                                  cfg.transport.weight_full_every,
+                                  shards.RankServer(link).deliver, rank=ranks.rank,
+                                  world=ranks.world)
+        distributed.follow(trainer, backend, ranks, publisher)
         distributed.close(ranks)
         return None
-    team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes)
+    team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes, link)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit
         log.info("placement on this node: %s", placement.describe() or "no GPUs")
         state = start(cfg, team, tokenizer, checkpoint, actor_cpus, run_id, placement)
@@ -208,12 +219,18 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         nccl = NcclBroadcaster(socket.gethostname() if host == "0.0.0.0" else host,
                                cfg.transport.nccl_engines, team.ranks.device,
                                cfg.actors.engine.weight_broadcast())
-    server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base, nccl=nccl)
+    link = team.link
+    server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base, nccl=nccl,
+                           shards=None if link is None else shards.Client(
+                               link, cfg.transport.peer_timeout_s))
     team.trainer.timeline = Timeline(version, cfg.learner.trace_from_step, cfg.learner.trace_steps)
     server.timeline = team.trainer.timeline
+    whole = (lambda pub: pub) if link is None else shards.Collector(
+        link, cfg.learner.collective_timeout_s).complete
     publisher = Publisher(cfg.transport.weight_bucket_bytes, cfg.transport.weight_full_every,
                           lambda pub: server.announce(pub.full.manifest.version,
-                                                      for_actors(cfg, pub)))
+                                                      for_actors(cfg, whole(pub))),
+                          world=team.ranks.world if link is not None else 1)
     team.gather_weights(version, publisher)
     publisher.wait()  # v is announced before anyone can ask
     _log_memory("published-weights copy")

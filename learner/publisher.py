@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from transport.messages import LoraSpec
-from transport.weights import PackedWeights, pack
+from transport.weights import Layout, PackedWeights, pack
 from transport.weightsrc import delta
 from transport.weightsrc.store import Published
 
@@ -45,8 +45,13 @@ class _Aborted(Exception):
 
 class Publisher:
     def __init__(self, bucket_bytes: int, full_every: int,
-                 deliver: Callable[[Published], None], budget_bytes: int | None = None) -> None:
-        """`deliver`: called in the packer thread with each finished version (announce it)."""
+                 deliver: Callable[[Published], None], budget_bytes: int | None = None,
+                 rank: int = 0, world: int = 1) -> None:
+        """`deliver`: called in the packer thread with each finished version (announce it).
+        `world` > 1: this learner rank packs only its own buckets of each full version
+        (transport/weightsrc/shards.py); the other ranks' tensors are queued as meta tensors,
+        neither copied nor counted against the budget."""
+        self.rank, self.world = rank, world
         self.bucket_bytes = bucket_bytes
         self.full_every = full_every
         self.deliver = deliver
@@ -69,16 +74,20 @@ class Publisher:
         """Queue version `version`'s tensors (each cast to `dtype` if floating, else copied:
         the queued tensor is a snapshot the next optimizer step cannot change). Blocks while
         the queue is full (backpressure); returns once the last tensor is queued."""
+        layout = Layout(self.bucket_bytes, self.world) if self.world > 1 else None
         with self._cond:
             self._raise()
             self._pending += 1
-            self._jobs.append((version, kind, lora))
+            self._jobs.append((version, kind, lora, layout))
             self._cond.notify_all()
         try:
             for name, t in tensors:
                 t = t.detach()
-                snap = (t.to(dtype, copy=True) if dtype is not None and t.is_floating_point()
-                        else t.clone())
+                out = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                if layout is not None and layout.place(t.numel() * out.itemsize) != self.rank:
+                    self._put((name, torch.empty(t.shape, dtype=out, device="meta")), 0)
+                    continue
+                snap = t.to(out, copy=True) if out != t.dtype else t.clone()
                 self._put((name, snap), snap.numel() * snap.element_size())
         except BaseException:  # a half-queued version must not be announced
             self._put(_ABORT, 0)
@@ -130,11 +139,12 @@ class Publisher:
                 with self._cond:
                     while not self._jobs:
                         self._cond.wait()
-                    version, kind, lora = self._jobs.popleft()
+                    version, kind, lora, layout = self._jobs.popleft()
                 t0 = time.monotonic()
+                keep = None if layout is None else (lambda i: layout.owners[i] == self.rank)
                 try:
                     packed = pack(self._stream(), version, self.bucket_bytes, kind=kind,
-                                  lora=lora)
+                                  lora=lora, keep=keep)
                 except _Aborted:
                     log.warning("v%d was not published: its gathering was interrupted", version)
                     with self._cond:

@@ -80,9 +80,10 @@ class ActorState:
 class LearnerServer(threading.Thread):
     def __init__(self, cfg: TetherConfig, buffer: ReplayBuffer, leases: LeaseTable,
                  model_dir: Path, vocab_size: int, version: int,
-                 base: PackedWeights | None = None, nccl=None) -> None:
+                 base: PackedWeights | None = None, nccl=None, shards=None) -> None:
         """`base`: a LoRA run's frozen base weights, sent before the first version to every
-        actor that asks for them (`WeightRequest.need_base`); None when full weights train."""
+        actor that asks for them (`WeightRequest.need_base`); None when full weights train.
+        `shards`: the other learner ranks' buckets (transport/weightsrc/shards.py Client)."""
         super().__init__(name="learner-io", daemon=True)
         self.cfg = cfg
         self.tcfg = cfg.transport
@@ -116,7 +117,7 @@ class LearnerServer(threading.Thread):
         self._bind_sockets()
         self.weights_service = WeightsService(
             self.weights, self.tcfg, is_actor=lambda aid: aid in self.actors,
-            reject=self._reject, base=base, nccl=nccl)
+            reject=self._reject, base=base, nccl=nccl, shards=shards)
         """Offers, buckets, relays (transport/weightsrc/service.py; I/O thread only)."""
         self.desk = (ScoringDesk(cfg, self._send_control, lambda lid: lid in leases.outstanding)
                      if model_scorers(cfg) else None)
@@ -237,6 +238,9 @@ class LearnerServer(threading.Thread):
         poller.register(self._wake_rx, zmq.POLLIN)
         for mon in self._monitors:
             poller.register(mon, zmq.POLLIN)
+        ranks = self.weights_service.shards.sockets() if self.weights_service.shards else []
+        for sock in ranks:
+            poller.register(sock, zmq.POLLIN)
         reading_trajectories = False
         stopping: str | None = None
         next_expiry = 0.0
@@ -254,6 +258,9 @@ class LearnerServer(threading.Thread):
                     self._drain(self.control, self._on_control)
                 if self.weights in events:
                     self._drain(self.weights, self.weights_service.handle)
+                for sock in ranks:
+                    if sock in events:
+                        self.weights_service.handle_shard(sock)
                 if self.trajectory in events:
                     self._read_trajectories()
                 if self._wake_rx in events:

@@ -186,6 +186,85 @@ def train_bf16(out: Path, model_dir: Path, ranks) -> None:
     write(out, "bf16_published.safetensors", dict(backend.named_full_tensors(torch.bfloat16)))
     if ranks.rank == 0:
         (out / "bf16_metrics.json").write_text(json.dumps(rows))
+    publish_sharded(out, backend, ranks)
+
+
+SHARD_BUCKET = 16 * 1024
+"""Small buckets: the tiny model's bf16 version in many of them, over both ranks."""
+
+
+def publish_sharded(out: Path, backend, ranks) -> None:
+    """Two versions (the second changed, as a delta too) published the way the learner's ranks
+    do (learner/publisher.py on each rank, transport/weightsrc/shards.py) against each version
+    packed whole on rank 0 (transport/weights.py pack). Rank 0 fetches every bucket rank 1
+    holds through the Client, as its I/O thread would, and drops the first version's keys.
+    Writes OUT/shards.json."""
+    import time
+
+    from learner.publisher import Publisher
+    from transport import messages as m
+    from transport.weights import pack
+    from transport.weightsrc import delta, shards
+    from transport.weightsrc.store import ShardRef
+
+    link = shards.link(ranks.rank, ranks.world, lambda s: distributed.all_gather_strings(ranks, s))
+    got = []
+    if ranks.rank == 0:
+        collector = shards.Collector(link, timeout_s=120)
+        publisher = Publisher(SHARD_BUCKET, 4, lambda p: got.append(collector.complete(p)),
+                              world=ranks.world)
+        client = shards.Client(link, hold_s=60)
+    else:
+        publisher = Publisher(SHARD_BUCKET, 4, shards.RankServer(link).deliver, rank=ranks.rank,
+                              world=ranks.world)
+
+    def fetch(packed, i: int):
+        """Bucket i of `packed` as a peer of rank 0 gets it (bytes, or None: not held)."""
+        ref = packed.buckets[i]
+        if not isinstance(ref, ShardRef):
+            return bytes(ref)
+        req = m.BucketRequest(peer_id="test", key=packed.manifest.key, index=i, digest=b"",
+                              request_id=1000 + i)
+        client.fetch(ref, b"peer", req, time.monotonic())
+        frames = client.socks[ref.rank].recv_multipart(copy=False)
+        identity, head, data = client.reply(frames)
+        assert identity == b"peer" and head.request_id == 1000 + i and head.index == i
+        return None if data is None else data.bytes
+
+    wholes, report = [], {}
+    for v in (1, 2):
+        if v == 2:  # a change to some tensors: the delta has work to do
+            with torch.no_grad():
+                for p in list(backend.model.parameters())[::3]:
+                    p.mul_(1.5)
+        dtype = torch.bfloat16
+        publisher.publish(v, backend.named_full_tensors(dtype), dtype=dtype)
+        whole = pack(backend.named_full_tensors(dtype), v, SHARD_BUCKET, dtype=dtype)
+        publisher.wait()
+        wholes.append(whole)
+        if ranks.rank != 0:
+            continue
+        pub = got[-1]
+        own = sum(len(b) for b in pub.full.buckets if not isinstance(b, ShardRef))
+        report[f"v{v}"] = {
+            "buckets": pub.full.manifest.num_buckets,
+            "remote": sum(isinstance(b, ShardRef) for b in pub.full.buckets),
+            "own_fraction": own / pub.full.manifest.total_bytes,
+            "manifest_equal": pub.full.manifest == whole.manifest,
+            "bytes_equal": all(fetch(pub.full, i) == bytes(whole.buckets[i])
+                               for i in range(whole.manifest.num_buckets))}
+        if v == 2:
+            want = delta.make(whole, wholes[0])
+            report["delta"] = {
+                "manifest_equal": pub.delta.manifest == want.manifest,
+                "bytes_equal": all(fetch(pub.delta, i) == want.buckets[i]
+                                   for i in range(want.manifest.num_buckets))}
+            client.drop([got[0].full.manifest.key])
+            first = [i for i, b in enumerate(got[0].full.buckets) if isinstance(b, ShardRef)][0]
+            report["dropped_found"] = fetch(got[0].full, first) is not None
+    if ranks.rank == 0:
+        (out / "shards.json").write_text(json.dumps(report))
+    dist.barrier()  # rank 1 serves until rank 0 has fetched everything
 
 
 BF16_PARAMS_OVERRIDES = ["model.dtype=bfloat16", "learner.backend.param_dtype=bfloat16"]

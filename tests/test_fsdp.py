@@ -391,6 +391,20 @@ def test_bf16_fsdp2_equals_single_process_bf16(fsdp_run, tiny_model_dir):
     assert gap <= BF16_UPDATE_GAP
 
 
+def test_ranks_serve_their_own_buckets_and_peers_get_the_whole_version(fsdp_run):
+    """Each rank packs only its buckets of a version (transport/weightsrc/shards.py); rank 0
+    merges the other ranks' digests and forwards their buckets. A peer gets exactly the
+    manifest and bytes of the version packed whole on one rank, for the full version and its
+    delta; rank 0 holds about half the bytes; a dropped key is not served any more."""
+    r = json.loads((fsdp_run / "shards.json").read_text())
+    for v in ("v1", "v2"):
+        assert r[v]["manifest_equal"] and r[v]["bytes_equal"], r
+        assert r[v]["buckets"] >= 4 and r[v]["remote"] >= 2, r
+        assert 0.3 <= r[v]["own_fraction"] <= 0.7, r
+    assert r["delta"]["manifest_equal"] and r["delta"]["bytes_equal"], r
+    assert r["dropped_found"] is False, r
+
+
 BF16_PARAMS_GAP = 0.4
 """|w_fsdp2 - w_single| / |w_single - w_0| after the N steps with bf16 weights and moments
 (learner.backend.param_dtype=bfloat16). Each run rounds every update stochastically with its

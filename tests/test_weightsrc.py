@@ -19,12 +19,12 @@ import procs
 from configs.schema import TransportConfig
 from learner.publisher import Publisher
 from transport import messages as m
-from transport.weights import ALIGN, digest, pack, unpack
-from transport.weightsrc import delta
+from transport.weights import ALIGN, Layout, digest, pack, unpack
+from transport.weightsrc import delta, shards
 from transport.weightsrc.base import SourceContext
 from transport.weightsrc.relay import Relay
 from transport.weightsrc.service import WeightsService
-from transport.weightsrc.store import Published, RelayTree, VersionStore
+from transport.weightsrc.store import Published, RelayTree, ShardRef, VersionStore
 from transport.weightsrc.zmq_pull import RelaySource, ZmqSource
 
 
@@ -82,6 +82,50 @@ def test_deltas_rebuild_every_version_bit_for_bit():
     wrong = [bytearray(b) for b in versions[0].buckets]
     delta.apply(wrong[0], delta.make(versions[2], versions[1]).buckets[0])
     assert digest(wrong[0]) != versions[2].manifest.raw_digests[0]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_packing_their_own_buckets_merge_into_the_whole_version(world):
+    """Each learner rank packs the buckets `Layout` gives it (the others' tensors as meta
+    tensors, unfilled, unhashed); rank 0's merge of every rank's digests is the manifest of the
+    version packed whole, for the full version and its delta, and each rank's bytes are the
+    whole version's (transport/weightsrc/shards.py)."""
+    g = torch.Generator().manual_seed(7)
+    sizes = [10, 3000, 700, 20000, 5, 9000, 400] * 5
+    v1 = {f"t{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
+    v2 = _step(v1, 0)
+    bucket = 24 * 1024
+    whole1, whole2 = (pack(s, v, bucket, dtype=torch.bfloat16) for v, s in ((1, v1), (2, v2)))
+    parts = []
+    for rank in range(world):
+        layout = Layout(bucket, world)
+        owners = [layout.place(t.numel() * 2) for t in v2.values()]
+        assert owners == [layout.owners[t.bucket] for t in whole2.manifest.tensors]
+        keep = lambda i: layout.owners[i] == rank  # noqa: E731
+
+        def mine(state):
+            return {k: t if o == rank else torch.empty(t.shape, device="meta")
+                    for (k, t), o in zip(state.items(), owners)}
+        p1, p2 = (pack(mine(s), v, bucket, dtype=torch.bfloat16, keep=keep)
+                  for v, s in ((1, v1), (2, v2)))
+        parts.append(Published(full=p2, delta=delta.make(p2, p1)))
+    assert sorted(set(layout.owners)) == list(range(world))
+    readies = [m.ShardReady(rank=r, version=2, digests=p.full.manifest.digests,
+                            delta_digests=p.delta.manifest.digests,
+                            delta_sizes=[len(b or b"") for b in p.delta.buckets])
+               for r, p in enumerate(parts) if r]
+    merged = shards.merge(parts[0], readies)
+    want = delta.make(whole2, whole1)
+    assert merged.full.manifest == whole2.manifest and merged.delta.manifest == want.manifest
+    for got, whole in ((merged.full, whole2), (merged.delta, want)):
+        for i, b in enumerate(got.buckets):
+            owner = b.rank if isinstance(b, ShardRef) else 0
+            ref = (parts[owner].full if got is merged.full else parts[owner].delta).buckets[i]
+            assert bytes(ref) == bytes(whole.buckets[i]), i
+    with pytest.raises(RuntimeError, match="claimed by two ranks"):
+        shards.merge(parts[0], readies + readies[:1])
+    with pytest.raises(RuntimeError, match="no rank packed buckets"):
+        shards.merge(parts[0], readies[1:])
 
 
 def _published(states: list[dict], full_every: int) -> list[Published]:

@@ -20,6 +20,9 @@ Channels (learner binds, actors connect):
     control     scorer DEALER <->  learner ROUTER   ScorerHello, ScorerHeartbeat, ScoreDone
                                                      -> ScorerWelcome, Reject, ScoreBatch,
                                                         HeartbeatAck, Shutdown
+    ranks       rank r PUSH    ->  rank 0 PULL      ShardReady (learner ranks: each serves its
+                rank 0 DEALER <->  rank r ROUTER    own buckets) BucketRequest -> [WeightBucket,
+                                                     bytes]; ShardDrop
 
 Weight manifests (and their digests) come only from the learner; relays carry bucket bytes, which
 every receiver checks against the learner's digest (transport/weightsrc/).
@@ -489,6 +492,27 @@ class RelayWelcome(msgspec.Struct, tag="relay_welcome"):
     """The upstream's own upstream ("" = the learner): asked when the upstream fails, so one
     dead relay does not send everything below it to the learner."""
 
+
+class ShardReady(msgspec.Struct, tag="shard_ready"):
+    """Learner rank r -> rank 0: rank r packed its buckets of `version` (bucket i is rank
+    i % world's). Digests per bucket index, b"" for the other ranks' buckets; the delta's
+    likewise, with sizes (0 for the others'), when deltas are on."""
+
+    rank: int
+    version: int
+    digests: list[bytes]
+    delta_digests: list[bytes] | None = None
+    delta_sizes: list[int] | None = None
+
+
+class ShardDrop(msgspec.Struct, tag="shard_drop"):
+    """Rank 0 -> rank r: these keys (f12, d12) are offered no more; free their buckets."""
+
+    keys: list[str]
+
+
+ToRank = BucketRequest | ShardDrop
+"""What a learner rank's bucket server receives from rank 0."""
 
 WeightsFromPeer = WeightRequest | BucketRequest | RelayHello
 """What the learner's weights ROUTER receives (a relay's ROUTER: BucketRequest only)."""

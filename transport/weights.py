@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,22 +43,32 @@ def _aligned(n: int) -> int:
 
 def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int,
          bucket_bytes: int, kind: str = "full", lora: LoraSpec | None = None,
-         dtype: torch.dtype | None = None) -> PackedWeights:
+         dtype: torch.dtype | None = None, keep: Callable[[int], bool] | None = None
+         ) -> PackedWeights:
     """Serialize `state` into buckets of at most ~bucket_bytes (a larger tensor gets its own).
     `state` may be a generator of (name, tensor): each tensor is needed only until it is copied
     into its bucket, so a sharded learner can gather one full tensor at a time. `dtype`: cast
     floating-point tensors to it while copying (the engine's dtype; None keeps each tensor's).
-    `kind`, `lora`: what the manifest says it carries (transport/messages.py WEIGHT_KINDS)."""
+    `kind`, `lora`: what the manifest says it carries (transport/messages.py WEIGHT_KINDS).
+
+    `keep(i)` false: bucket i is another learner rank's (transport/weightsrc/shards.py). Its
+    place in the layout is the same (the layout depends only on the tensors' sizes), its tensors
+    may be meta tensors, and it is neither filled nor hashed: its entry in `buckets` is None and
+    its digest b"". The manifest's tensors and sizes are whole on every rank."""
     metas: list[TensorMeta] = []
-    buckets: list[bytearray] = []
+    buckets: list[bytearray | None] = []
+    sizes: list[int] = []
     current: bytearray | None = None
     size = 0
+    is_open = False
 
     def close() -> None:
-        nonlocal current
-        del current[_aligned(size):]  # shrink in place (no view of it is alive)
+        nonlocal current, is_open
+        if current is not None:
+            del current[_aligned(size):]  # shrink in place (no view of it is alive)
         buckets.append(current)
-        current = None
+        sizes.append(_aligned(size))
+        current, is_open = None, False
 
     for name, t in (state.items() if isinstance(state, Mapping) else state):
         out_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
@@ -66,29 +76,53 @@ def pack(state: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         if name_dtype not in _DTYPES:
             raise ValueError(f"cannot send tensor {name} of dtype {out_dtype}")
         nbytes = t.numel() * out_dtype.itemsize
-        if current is not None and size + nbytes > bucket_bytes:
+        if is_open and size + nbytes > bucket_bytes:
             close()
-        if current is None:
-            current, size = bytearray(_aligned(min(bucket_bytes, max(nbytes, 1 << 20)))), 0
-        if size + nbytes > len(current):  # grow by doubling (amortised: <= 2 copies a byte)
+        if not is_open:
+            is_open, size = True, 0
+            if keep is None or keep(len(buckets)):
+                current = bytearray(_aligned(min(bucket_bytes, max(nbytes, 1 << 20))))
+        if current is not None and size + nbytes > len(current):  # grow by doubling (<= 2 copies)
             current.extend(bytes(_aligned(max(size + nbytes, min(2 * len(current),
                                                                   bucket_bytes))) - len(current)))
         metas.append(TensorMeta(name=name, dtype=name_dtype, shape=tuple(t.shape),
                                 bucket=len(buckets), offset=size, nbytes=nbytes))
-        if nbytes:  # the cast happens in this copy, straight into the bucket
+        if nbytes and current is not None:  # the cast happens in this copy, into the bucket
             dst = torch.frombuffer(current, dtype=out_dtype, count=t.numel(), offset=size)
             dst.copy_(t.detach().reshape(-1))
             del dst
         size = _aligned(size + nbytes)
-    if current is not None:
+    if is_open:
         close()
-    digests = [digest(b) for b in buckets]
-    sizes = [len(b) for b in buckets]
+    digests = [b"" if b is None else digest(b) for b in buckets]
     key = {"full": f"f{version}", "base": "b", "adapter": f"a{version}"}[kind]
     manifest = WeightManifest(version=version, tensors=metas, num_buckets=len(buckets),
                               total_bytes=sum(sizes), kind=kind, lora=lora, key=key,
                               digests=digests, raw_digests=digests, raw_sizes=sizes)
     return PackedWeights(manifest=manifest, buckets=tuple(buckets))
+
+
+class Layout:
+    """Which bucket each tensor of a version lands in, from its size alone (the rule `pack`
+    follows), and which of `world` learner ranks owns that bucket: the rank with the fewest
+    bytes so far when the bucket opens (ties: the highest rank; rank 0 also answers every
+    peer). Every rank computes the same owners without exchanging anything."""
+
+    def __init__(self, bucket_bytes: int, world: int = 1) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.owners: list[int] = []
+        """Bucket index -> its rank."""
+        self.bytes = [0] * world
+        self.size = 0
+
+    def place(self, nbytes: int) -> int:
+        """The rank owning the bucket of the next tensor (of `nbytes` bytes)."""
+        if not self.owners or self.size + nbytes > self.bucket_bytes:
+            self.owners.append(min(reversed(range(len(self.bytes))), key=self.bytes.__getitem__))
+            self.size = 0
+        self.size = _aligned(self.size + nbytes)
+        self.bytes[self.owners[-1]] += _aligned(nbytes)
+        return self.owners[-1]
 
 
 def write_file(state: dict[str, torch.Tensor], version: int, directory: Path,

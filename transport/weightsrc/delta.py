@@ -50,14 +50,16 @@ def apply(held: bytearray, delta) -> None:
 
 
 def make(new: PackedWeights, old: PackedWeights) -> PackedWeights | None:
-    """Version `new` as a delta against `old` (its version - 1), or None if the layouts differ."""
+    """Version `new` as a delta against `old` (its version - 1), or None if the layouts differ.
+    A bucket another learner rank holds (None) stays None here: that rank encodes it."""
     nm, om = new.manifest, old.manifest
     if nm.kind != "full" or om.kind != "full" or not same_layout(om, nm):
         return None
-    buckets = tuple(encode(n, o) for n, o in zip(new.buckets, old.buckets))
+    buckets = tuple(None if n is None else encode(n, o) for n, o in zip(new.buckets, old.buckets))
     manifest = msgspec.structs.replace(
         nm, key=f"d{nm.version}", codec="xor-zstd", base_version=om.version,
-        digests=[digest(b) for b in buckets], total_bytes=sum(len(b) for b in buckets))
+        digests=[b"" if b is None else digest(b) for b in buckets],
+        total_bytes=sum(len(b) for b in buckets if b is not None))
     return type(new)(manifest=manifest, buckets=buckets)
 
 

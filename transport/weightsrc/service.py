@@ -1,11 +1,14 @@
 """The learner's side of the weights channel: answers offers, buckets and relay hellos.
 
 Runs in the learner's I/O thread (learner/server.py hands it every frame of the weights
-ROUTER); non-blocking. Owns the VersionStore and the RelayTree.
+ROUTER, and of the sockets to the other learner ranks); non-blocking. Owns the VersionStore and
+the RelayTree. A bucket another rank holds (a ShardRef) is fetched from it and forwarded
+(transport/weightsrc/shards.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import msgspec
@@ -14,21 +17,25 @@ import zmq
 from configs.schema import TransportConfig
 from transport import messages as m
 from transport.weights import PackedWeights
-from transport.weightsrc.store import Published, RelayTree, VersionStore
+from transport.weightsrc.shards import Client
+from transport.weightsrc.store import Published, RelayTree, ShardRef, VersionStore
 
 
 class WeightsService:
     def __init__(self, sock: zmq.Socket, t: TransportConfig, is_actor: Callable[[str], bool],
                  reject: Callable[[str, str], None], base: PackedWeights | None = None,
-                 nccl=None) -> None:
+                 nccl=None, shards: Client | None = None) -> None:
         """`sock`: the weights ROUTER (SNDHWM 0). `is_actor`: has this actor joined?
         `reject(reason, detail)`: count and log a refused message. `nccl`: the learner's
-        transport/weightsrc/nccl.py NcclBroadcaster (weights_via=nccl), else None."""
+        transport/weightsrc/nccl.py NcclBroadcaster (weights_via=nccl), else None. `shards`:
+        the other learner ranks' buckets (several ranks serving their own), else None."""
         self.sock = sock
         self.t = t
         self.is_actor = is_actor
         self.reject = reject
-        self.store = VersionStore(t.weight_full_every, base, hold_s=t.peer_timeout_s)
+        self.shards = shards
+        self.store = VersionStore(t.weight_full_every, base, hold_s=t.peer_timeout_s,
+                                  **({} if shards is None else {"on_drop": shards.drop}))
         self.relays = RelayTree(t.relay_fanout, t.peer_timeout_s)
         self.version = -1
         self.enc = m.encoder()
@@ -84,6 +91,9 @@ class WeightsService:
                                 "joined actor nor a relay")
                     return
                 data = self.store.bucket(req.key, req.index, kind, req.peer_id)
+                if isinstance(data, ShardRef):  # another rank's: its answer is forwarded
+                    self.shards.fetch(data, identity, req, time.monotonic())
+                    return
                 head = m.WeightBucket(version=self.version, index=req.index,
                                       nbytes=0 if data is None else len(data), key=req.key,
                                       request_id=req.request_id, found=data is not None)
@@ -91,6 +101,21 @@ class WeightsService:
                     self._send(identity, head)
                 else:
                     self.sock.send_multipart([identity, self.enc.encode(head), data], copy=False)
+
+    def handle_shard(self, sock: zmq.Socket, limit: int = 256) -> None:
+        """Forward the answers waiting on `sock` (one of `shards.sockets()`) to their peers."""
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            out = self.shards.reply(frames)
+            if out is None:
+                continue
+            identity, head, data = out
+            head = msgspec.structs.replace(head, version=self.version)
+            self.sock.send_multipart([identity, self.enc.encode(head)]
+                                     + ([] if data is None else [data]), copy=False)
 
     def _park(self, identity: bytes, req: m.WeightRequest) -> None:
         """NCCL: park a request for a newer version until every engine asked, then offer the

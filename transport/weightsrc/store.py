@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transport import messages as m
@@ -30,6 +31,15 @@ class Published:
 
     full: PackedWeights
     delta: PackedWeights | None = None
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """A bucket another learner rank holds and serves (transport/weightsrc/shards.py): it
+    stands in rank 0's PackedWeights where that rank's bytes would be."""
+
+    rank: int
+    nbytes: int
 
 
 def _is_full(key: str) -> bool:
@@ -47,10 +57,13 @@ class _Fetch:
 
 class VersionStore:
     def __init__(self, full_every: int, base: PackedWeights | None = None,
-                 hold_s: float = 60.0) -> None:
+                 hold_s: float = 60.0, on_drop: Callable[[list[str]], None] = lambda keys: None
+                 ) -> None:
         """`hold_s`: how long an older version stays for a peer that stopped asking for its
-        buckets (transport.peer_timeout_s)."""
+        buckets (transport.peer_timeout_s). `on_drop(keys)`: told the keys it no longer holds
+        (the other learner ranks then free their buckets of them)."""
         self.full_every = full_every
+        self.on_drop = on_drop
         self.base = base
         self.hold_s = hold_s
         self.fetches: dict[tuple[str, str], _Fetch] = {}
@@ -71,9 +84,15 @@ class VersionStore:
         if pub.delta is not None:
             self.blobs[pub.delta.manifest.key] = pub.delta
         point = self._full_point(v)
-        for k in [k for k, p in self.blobs.items() if k[:1] == "d" and p.manifest.version <= point]:
-            del self.blobs[k]
+        self._drop([k for k, p in self.blobs.items()
+                    if k[:1] == "d" and p.manifest.version <= point])
         self._evict()
+
+    def _drop(self, keys: list[str]) -> None:
+        for k in keys:
+            del self.blobs[k]
+        if keys:
+            self.on_drop(keys)
 
     def _evict(self) -> None:
         """Drop every full version but the newest that no peer is fetching."""
@@ -81,9 +100,8 @@ class VersionStore:
         for key in [key for key, f in self.fetches.items() if now - f.last > self.hold_s]:
             del self.fetches[key]
         fetched = {k for _, k in self.fetches}
-        for k in [k for k, p in self.blobs.items()
-                  if _is_full(k) and p is not self.latest and k not in fetched]:
-            del self.blobs[k]
+        self._drop([k for k, p in self.blobs.items()
+                    if _is_full(k) and p is not self.latest and k not in fetched])
 
     def _fetching(self, peer: str, key: str, index: int | None = None) -> None:
         """Note `peer`'s interest in the full version `key` (an offer: index None; a bucket
@@ -123,14 +141,14 @@ class VersionStore:
         return out + [latest.manifest]
 
     def bucket(self, key: str, index: int, requester: str, peer: str = ""):
-        """Bucket `index` of `key` (zero-copy), or None if not held. `requester`: the peer's
-        kind, for the byte counts."""
+        """Bucket `index` of `key` (zero-copy; a ShardRef: another rank's), or None if not
+        held. `requester`: the peer's kind, for the byte counts."""
         packed = self.blobs.get(key)
         if packed is None or not 0 <= index < len(packed.buckets):
             self.missing += 1
             return None
         data = packed.buckets[index]
-        self.sent_bytes[requester] += len(data)
+        self.sent_bytes[requester] += data.nbytes if isinstance(data, ShardRef) else len(data)
         self._fetching(peer, key, index)
         return data
 
