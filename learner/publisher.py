@@ -158,8 +158,11 @@ class Publisher:
                 prev = packed if kind == "full" and self.full_every else None
                 pub = Published(full=packed, delta=d)
                 self.deliver(pub)
-                log.info("published v%d (%s): %d buckets, %.3f MB%s, packed in %.2f s", version,
-                         kind, packed.manifest.num_buckets, packed.manifest.total_bytes / 1e6,
+                own = ("" if layout is None else f" (rank {self.rank} packed "
+                       f"{sum(b is not None for b in packed.buckets)})")
+                log.info("published v%d (%s): %d buckets%s, %.3f MB%s, packed in %.2f s",
+                         version, kind, packed.manifest.num_buckets, own,
+                         packed.manifest.total_bytes / 1e6,
                          f", delta {d.manifest.total_bytes / 1e6:.3f} MB" if d else "",
                          time.monotonic() - t0)
                 with self._cond:

@@ -296,7 +296,10 @@ def test_two_rank_learner_with_two_actors_learns(tmp_path, tiny_model_dir):
     assert s["eval_reward_end"] > s["eval_reward_start"] + 0.2, s
     assert (run / "checkpoints" / "step_150" / "backend.json").exists()
     assert (run / "final_model" / "model.safetensors").exists()
-    assert "rank 1: stop after 150 steps" in "".join(lp.lines)
+    log = "".join(lp.lines)
+    assert "rank 1: stop after 150 steps" in log
+    # each rank packed its own buckets of every version (transport/weightsrc/shards.py)
+    assert "published v150 (full)" in log and "(rank 0 packed" in log and "(rank 1 packed" in log
 
 
 def test_lora_fsdp2_equals_single_process(tmp_path, tiny_model_dir):
