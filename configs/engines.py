@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta
 
-from configs.base import Count, Kind, NonNegative, Positive
+from configs.base import Count, Kind, NonNegative
 
 
 class HFEngineConfig(Kind, tag="hf"):

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from buffer.accounting import Drops
 from buffer.replay import ReplayBuffer
