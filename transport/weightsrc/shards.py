@@ -40,6 +40,7 @@ import socket
 import tempfile
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -59,15 +60,18 @@ def applies(weights_via: str, lora: bool, world: int) -> bool:
     return world > 1 and weights_via in ("zmq", "relay") and not lora
 
 
+@dataclass
 class Link:
-    """This rank's end of the ranks channel: rank 0 a PULL (ShardReady) and a DEALER to each
-    other rank; rank r a ROUTER (bucket requests) and a PUSH to rank 0."""
+    """This rank's end of the ranks' channel, made by `link`."""
 
-    def __init__(self, rank: int, world: int, ctx: zmq.Context, own: zmq.Socket,
-                 endpoints: list[str]) -> None:
-        self.rank, self.world, self.ctx = rank, world, ctx
-        self.own = own
-        self.endpoints = endpoints
+    rank: int
+    world: int
+    ctx: zmq.Context
+    own: zmq.Socket
+    """Rank 0: a PULL for ShardReady; rank r: a ROUTER for rank 0's requests (the Client's
+    DEALERs connect to it)."""
+    endpoints: list[str]
+    """Every rank's `own` endpoint, in rank order."""
 
 
 def link(rank: int, world: int, all_gather) -> Link:
