@@ -217,7 +217,8 @@ def start(cfg: TetherConfig, team: distributed.Leader, tokenizer, checkpoint: Pa
         host = cfg.transport.advertise_host or cfg.transport.host
         nccl = NcclBroadcaster(socket.gethostname() if host == "0.0.0.0" else host,
                                cfg.transport.nccl_engines, team.ranks.device,
-                               cfg.actors.engine.weight_broadcast())
+                               cfg.actors.engine.weight_broadcast(),
+                               ranks_per_engine=cfg.actors.engine.gpus())
     link = team.link
     server = LearnerServer(cfg, buffer, leases, model_dir, vocab, version, base=base, nccl=nccl,
                            shards=None if link is None else shards.Client(

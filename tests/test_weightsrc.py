@@ -470,13 +470,13 @@ def test_a_run_with_bf16_deltas_trains_and_accounts(tmp_path, tiny_model_dir):
 class RecordingBroadcaster:
     """A named fake of the learner's NcclBroadcaster: records what it is asked to broadcast."""
 
-    world = 3  # the learner and two engines
+    engines = 2
 
     def __init__(self) -> None:
         self.sent: list[int] = []
 
-    def plan(self, rank: int) -> m.NcclPlan:
-        return m.NcclPlan(master_address="h", master_port=1, world_size=3, rank_offset=rank)
+    def plan(self, engine: int) -> m.NcclPlan:
+        return m.NcclPlan(master_address="h", master_port=1, world_size=3, rank_offset=engine)
 
     def broadcast(self, packed) -> None:
         self.sent.append(packed.manifest.version)
@@ -511,6 +511,18 @@ def test_nccl_offers_wait_for_every_engine_then_broadcast_once():
     for s in (*dealers, router):
         s.close(linger=0)
     ctx.term()
+
+
+def test_nccl_group_counts_every_worker_of_tensor_parallel_engines():
+    """Engines of TP 2 in the broadcast group: the group has 1 + 2 x 2 ranks and engine i's
+    workers start at rank 1 + 2 (i - 1), where each adds its own worker rank (vLLM's and
+    SGLang's receivers); with TP 1 the engines are ranks 1 and 2."""
+    from transport.weightsrc.nccl import NcclBroadcaster
+
+    tp2 = NcclBroadcaster("127.0.0.1", 2, torch.device("cpu"), "torch", ranks_per_engine=2)
+    assert [(p.world_size, p.rank_offset) for p in (tp2.plan(1), tp2.plan(2))] == [(5, 1), (5, 3)]
+    tp1 = NcclBroadcaster("127.0.0.1", 2, torch.device("cpu"), "torch")
+    assert [(p.world_size, p.rank_offset) for p in (tp1.plan(1), tp1.plan(2))] == [(3, 1), (3, 2)]
 
 
 def test_an_interrupted_publish_is_not_announced_and_a_packer_error_reaches_the_trainer():

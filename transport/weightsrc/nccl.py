@@ -105,8 +105,11 @@ class NcclBroadcaster:
     """Learner side: the broadcast group's rank 0 and a thread that broadcasts each version
     handed to it (it blocks in the collective until every engine receives)."""
 
-    def __init__(self, address: str, engines: int, device: torch.device, protocol: str) -> None:
-        """`protocol`: a key of PRODUCERS (the engines' weight_broadcast())."""
+    def __init__(self, address: str, engines: int, device: torch.device, protocol: str,
+                 ranks_per_engine: int = 1) -> None:
+        """`protocol`: a key of PRODUCERS (the engines' weight_broadcast()).
+        `ranks_per_engine`: each engine's workers in the group (its tensor-parallel size,
+        actors.engine.gpus()): engine i's workers are ranks 1 + (i - 1) * that, and up."""
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.producer = PRODUCERS[protocol]
         if self.backend not in self.producer.backends:
@@ -116,15 +119,20 @@ class NcclBroadcaster:
         with socket.socket() as s:  # a free port for the group's TCPStore rendezvous
             s.bind((address, 0))
             port = s.getsockname()[1]
-        self.address, self.port, self.world = address, port, engines + 1
+        self.engines, self.ranks_per_engine = engines, ranks_per_engine
+        self.address, self.port, self.world = address, port, 1 + engines * ranks_per_engine
         self.device = device
         self._versions: queue.Queue[PackedWeights] = queue.Queue()
         self._group = None
         threading.Thread(target=self._run, name="learner-nccl", daemon=True).start()
 
-    def plan(self, rank: int) -> m.NcclPlan:
+    def plan(self, engine: int) -> m.NcclPlan:
+        """Engine `engine`'s (1, 2, ...) place in the group: its first worker's rank (each
+        engine adds its worker's own rank to it)."""
         return m.NcclPlan(master_address=self.address, master_port=self.port,
-                          world_size=self.world, rank_offset=rank, backend=self.backend)
+                          world_size=self.world,
+                          rank_offset=1 + (engine - 1) * self.ranks_per_engine,
+                          backend=self.backend)
 
     def broadcast(self, packed: PackedWeights) -> None:
         """Queue `packed` for broadcasting (never blocks)."""
@@ -140,7 +148,7 @@ class NcclBroadcaster:
             tensors = unpack(packed.manifest, list(packed.buckets))
             self._group.send((k, t.to(self.device, non_blocking=True))
                              for k, t in tensors.items())
-            log.info("broadcast v%d to %d engine(s)", packed.manifest.version, self.world - 1)
+            log.info("broadcast v%d to %d engine(s)", packed.manifest.version, self.engines)
 
 
 class NcclSource(ZmqSource):

@@ -42,7 +42,7 @@ class WeightsService:
         self.dec = msgspec.msgpack.Decoder(m.WeightsFromPeer)
         self.nccl = nccl
         self.ranks: dict[str, int] = {}
-        """weights_via=nccl: actor -> its engine's rank in the broadcast group (1, 2, ...)."""
+        """weights_via=nccl: actor -> its engine's number in the broadcast group (1, 2, ...)."""
         self.parked: dict[str, tuple[bytes, int]] = {}
         """weights_via=nccl: actor -> (identity, request id) of its request for a newer version,
         answered when every engine of the group asked (a broadcast needs them all)."""
@@ -126,13 +126,13 @@ class WeightsService:
                                                latest_version=self.version, manifests=[]))
             return
         if req.actor_id not in self.ranks:
-            if len(self.ranks) == self.nccl.world - 1:
+            if len(self.ranks) == self.nccl.engines:
                 self.reject("nccl_group_full", f"weights: actor {req.actor_id!r} is one more "
-                            f"than the {self.nccl.world - 1} engines of the NCCL group")
+                            f"than the {self.nccl.engines} engines of the NCCL group")
                 return
             self.ranks[req.actor_id] = len(self.ranks) + 1
         self.parked[req.actor_id] = (identity, req.request_id)
-        if len(self.parked) < self.nccl.world - 1:
+        if len(self.parked) < self.nccl.engines:
             return
         from transport.weightsrc.nccl import broadcast_manifest
 
