@@ -38,6 +38,37 @@ def test_streamed_load_holds_requests_and_a_broken_stream_keeps_the_engine_close
     refs.check_streamed_load(engine, tiny_model_dir)
 
 
+def test_a_bucket_reaches_the_worker_as_a_view_of_the_message_engine_core_received():
+    """A bucket's RPC as vLLM carries it: the client's encoder, a real socket, EngineCore's
+    untyped decoder (vllm/v1/engine/core.py process_input_sockets). The worker gets a view of
+    the received frame, no bytes copy of the bucket, and the weights unpack from it intact."""
+    import msgspec
+    import torch
+    import zmq
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from actors.engines.vllm.engine import bucket_rpc_args
+    from transport.messages import WeightManifest
+    from transport.weights import pack, unpack
+
+    state = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4)}
+    packed = pack(state, 3, 1 << 20)
+    ctx = zmq.Context()
+    with ctx.socket(zmq.PAIR) as tx, ctx.socket(zmq.PAIR) as rx:
+        rx.bind("inproc://rpc")
+        tx.connect("inproc://rpc")
+        args = bucket_rpc_args(packed.manifest, 0, packed.buckets[0])
+        utility = (0, 1, "collective_rpc", ("tether_load_bucket", None, args, None))
+        tx.send_multipart(MsgpackEncoder().encode(utility), copy=False)
+        frames = rx.recv_multipart(copy=False)
+    ctx.term()
+    _, _, _, (_, _, (raw, bucket), _) = MsgpackDecoder().decode(frames)
+    assert isinstance(bucket, memoryview) and bucket.obj is frames[0]  # a view, not a copy
+    got = unpack(msgspec.msgpack.decode(raw, type=WeightManifest), [bucket], readonly=True)
+    assert got.keys() == state.keys()
+    assert all(torch.equal(got[k], state[k]) for k in state)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):

@@ -100,6 +100,22 @@ def vllm_args(model_dir: str | Path, seed: int, kv_cache_gb: float, enforce_eage
                 **sizing, **executor, **lora, **extra)
 
 
+def bucket_rpc_args(manifest, index: int, bucket) -> tuple:
+    """The arguments of worker.py's `tether_load_bucket` for bucket `index` of `manifest`. The
+    bucket goes as it is (bytes, bytearray or a received frame's memoryview), not copied first,
+    wrapped in vLLM's raw-view msgpack extension: EngineCore decodes that as a memoryview of
+    the message it received (vllm/v1/serial_utils.py MsgpackDecoder.ext_hook), where a msgpack
+    bin would be decoded into a bytes copy of the bucket (lab/vllm_load_memory.py: that copy
+    of SmolLM2-135M's 54 MiB embedding bucket was a quarter of EngineCore's peak extra memory
+    during a load)."""
+    from vllm.v1.serial_utils import CUSTOM_TYPE_RAW_VIEW
+
+    from transport.weights import bucket_manifest
+
+    return (msgspec.msgpack.encode(bucket_manifest(manifest, index)),
+            msgspec.msgpack.Ext(CUSTOM_TYPE_RAW_VIEW, bucket))
+
+
 class VLLMEngine(StreamingEngine):
     BASE_UPDATE_MODE = "wait"
 
@@ -197,13 +213,9 @@ class VLLMEngine(StreamingEngine):
 
     async def _stream_bucket(self, manifest, index: int, bucket) -> None:
         """One bucket per RPC (actors/engines/vllm/worker.py tether_load_bucket): the RPC's
-        serialisation copies one bucket at a time, never the whole model. The bucket goes as
-        it is (bytes, bytearray or a received frame's memoryview: msgpack bin all three), not
-        copied first."""
-        from transport.weights import bucket_manifest
-
-        raw = msgspec.msgpack.encode(bucket_manifest(manifest, index))
-        await self.llm.collective_rpc("tether_load_bucket", args=(raw, bucket))
+        serialisation copies one bucket at a time, never the whole model (`bucket_rpc_args`)."""
+        await self.llm.collective_rpc("tether_load_bucket",
+                                      args=bucket_rpc_args(manifest, index, bucket))
 
     async def _end_stream(self, manifest, label: bool) -> None:
         """vLLM's finalize, drop all KV, and (`label`) name the version vLLM labels new tokens
