@@ -38,6 +38,57 @@ def test_streamed_load_holds_requests_and_a_broken_stream_keeps_the_engine_close
     refs.check_streamed_load(engine, tiny_model_dir)
 
 
+def _bucket_through_engine_core(as_view: bool):
+    """A bucket's RPC as vLLM carries it: the client's encoder, a real socket, EngineCore's
+    untyped decoder (vllm/v1/engine/core.py process_input_sockets). Returns the state sent,
+    the received frames and the bucket manifest + bucket the worker is called with."""
+    import zmq
+    import torch
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from actors.engines.vllm.engine import bucket_rpc_args
+    from transport.weights import pack
+
+    state = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4)}
+    packed = pack(state, 3, 1 << 20)
+    ctx = zmq.Context()
+    with ctx.socket(zmq.PAIR) as tx, ctx.socket(zmq.PAIR) as rx:
+        rx.bind("inproc://rpc")
+        tx.connect("inproc://rpc")
+        args = bucket_rpc_args(packed.manifest, 0, packed.buckets[0], as_view)
+        utility = (0, 1, "collective_rpc", ("tether_load_bucket", None, args, None))
+        tx.send_multipart(MsgpackEncoder().encode(utility), copy=False)
+        frames = rx.recv_multipart(copy=False)
+    ctx.term()
+    _, _, _, (_, _, worker_args, _) = MsgpackDecoder().decode(frames)
+    return state, frames, worker_args
+
+
+def test_a_bucket_reaches_a_worker_in_engine_core_as_a_view_of_the_received_message():
+    """No bytes copy of the bucket in EngineCore, and the weights unpack from the view intact."""
+    import msgspec
+    import torch
+
+    from transport.messages import WeightManifest
+    from transport.weights import unpack
+
+    state, frames, (raw, bucket) = _bucket_through_engine_core(as_view=True)
+    assert isinstance(bucket, memoryview) and bucket.obj is frames[0]  # a view, not a copy
+    got = unpack(msgspec.msgpack.decode(raw, type=WeightManifest), [bucket], readonly=True)
+    assert got.keys() == state.keys()
+    assert all(torch.equal(got[k], state[k]) for k in state)
+
+
+def test_a_bucket_for_workers_of_their_own_can_be_pickled_on_to_them():
+    """Without views (vLLM's "mp" / "ray" executors) EngineCore pickles the RPC's arguments
+    on to the workers (vllm/distributed/device_communicators/shm_broadcast.py): bytes pass."""
+    import pickle
+
+    _, _, args = _bucket_through_engine_core(as_view=False)
+    assert isinstance(args[1], bytes)
+    assert pickle.loads(pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)) == args
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_toy_task_learns_end_to_end_with_vllm_actors(tmp_path, tiny_model_dir):

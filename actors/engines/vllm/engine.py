@@ -100,6 +100,24 @@ def vllm_args(model_dir: str | Path, seed: int, kv_cache_gb: float, enforce_eage
                 **sizing, **executor, **lora, **extra)
 
 
+def bucket_rpc_args(manifest, index: int, bucket, as_view: bool) -> tuple:
+    """The arguments of worker.py's `tether_load_bucket` for bucket `index` of `manifest`. The
+    bucket goes as it is (bytes, bytearray or a received frame's memoryview), not copied first.
+    `as_view`: wrapped in vLLM's raw-view msgpack extension, which EngineCore decodes as a
+    memoryview of the message it received (vllm/v1/serial_utils.py MsgpackDecoder.ext_hook);
+    as a msgpack bin, EngineCore decodes it into a bytes copy of the bucket
+    (lab/vllm_load_memory.py: that copy of SmolLM2-135M's 54 MiB embedding bucket was a quarter
+    of EngineCore's peak extra memory during a load). Only a worker in EngineCore's process
+    can take the view: EngineCore pickles the RPC on to workers in processes of their own,
+    and a memoryview cannot be pickled."""
+    from vllm.v1.serial_utils import CUSTOM_TYPE_RAW_VIEW
+
+    from transport.weights import bucket_manifest
+
+    return (msgspec.msgpack.encode(bucket_manifest(manifest, index)),
+            msgspec.msgpack.Ext(CUSTOM_TYPE_RAW_VIEW, bucket) if as_view else bucket)
+
+
 class VLLMEngine(StreamingEngine):
     BASE_UPDATE_MODE = "wait"
 
@@ -155,6 +173,10 @@ class VLLMEngine(StreamingEngine):
             # workers of its "mp" executor, unused here): EngineCore forks (actors/forked.py)
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         self.llm = AsyncLLM.from_vllm_config(config, disable_log_stats=True)
+        self._bucket_views = config.parallel_config.distributed_executor_backend == "uni"
+        """The worker runs in EngineCore's process (vLLM's "uni" executor: always on CPU, one
+        GPU): streamed buckets reach it as views of the message EngineCore received
+        (`bucket_rpc_args`). Workers of their own ("mp", "ray": several GPUs) get bytes."""
         if str(self.llm.model_config.dtype) != f"torch.{dtype}":  # behavior logprobs' dtype
             raise ValueError(f"vLLM runs the model in {self.llm.model_config.dtype}, "
                              f"model.dtype is {dtype}")
@@ -197,13 +219,10 @@ class VLLMEngine(StreamingEngine):
 
     async def _stream_bucket(self, manifest, index: int, bucket) -> None:
         """One bucket per RPC (actors/engines/vllm/worker.py tether_load_bucket): the RPC's
-        serialisation copies one bucket at a time, never the whole model. The bucket goes as
-        it is (bytes, bytearray or a received frame's memoryview: msgpack bin all three), not
-        copied first."""
-        from transport.weights import bucket_manifest
-
-        raw = msgspec.msgpack.encode(bucket_manifest(manifest, index))
-        await self.llm.collective_rpc("tether_load_bucket", args=(raw, bucket))
+        serialisation copies one bucket at a time, never the whole model (`bucket_rpc_args`)."""
+        await self.llm.collective_rpc("tether_load_bucket",
+                                      args=bucket_rpc_args(manifest, index, bucket,
+                                                           self._bucket_views))
 
     async def _end_stream(self, manifest, label: bool) -> None:
         """vLLM's finalize, drop all KV, and (`label`) name the version vLLM labels new tokens

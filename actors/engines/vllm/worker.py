@@ -52,10 +52,12 @@ class TetherWorkerExtension:
 
         initialize_layerwise_reload(self.model_runner.get_model())
 
-    def tether_load_bucket(self, manifest_raw: bytes, bucket: bytes) -> int:
+    def tether_load_bucket(self, manifest_raw: bytes, bucket: memoryview | bytes) -> int:
         """One bucket (its manifest from transport.weights.bucket_manifest); returns the
-        number of tensors loaded. The tensors are read-only views of the RPC's bytes (no copy:
-        vLLM's weight loaders only read them, copying each into its parameter)."""
+        number of tensors loaded. `bucket`: in EngineCore's process, a view of the RPC's
+        message as EngineCore received it; in a worker process of its own, the bytes EngineCore
+        pickled on (engine.py bucket_rpc_args). The tensors are read-only views of it, no copy
+        (vLLM's weight loaders only read them, copying each into its parameter)."""
         from models.tied import with_head
         from transport.messages import WeightManifest
         from transport.weights import unpack
