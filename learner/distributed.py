@@ -53,6 +53,7 @@ from learner.algo.trainer import Trainer
 from learner.publisher import Publisher
 from models.devices import resolve_device, torch_dtype
 from transport.weights import PackedWeights, pack
+from transport.weightsrc.shards import Link
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class Leader:
     With one rank it only does its part."""
 
     def __init__(self, trainer: Trainer, backend: Backend, ranks: Ranks, bucket_bytes: int,
-                 link=None) -> None:
+                 link: Link | None = None) -> None:
         """`link`: rank 0's end of the ranks' bucket channel (transport/weightsrc/shards.py),
         None when rank 0 packs whole versions."""
         self.link = link
@@ -304,6 +305,8 @@ def follow(trainer: Trainer, backend: Backend, ranks: Ranks,
                 backend.gather_export(_array_path(arrays))  # rank 0 writes it, alone
             case Op.STOP:
                 log.info("rank %d: stop after %d steps", ranks.rank, steps)
+                if publisher is not None:  # its last part is with rank 0 (or its error raised)
+                    publisher.wait()
                 return
 
 

@@ -60,7 +60,7 @@ from learner.algo.trainer import Trainer
 from models import devices
 from learner.publisher import Publisher
 from transport.weightsrc import shards
-from transport.weightsrc.registry import for_actors
+from transport.weightsrc.registry import for_actors, ranks_serve_shards
 
 log = logging.getLogger(__name__)
 
@@ -118,21 +118,24 @@ def run(cfg: TetherConfig) -> dict | None:
     _log_memory("reference/critic models")
     checkpoint = _latest_checkpoint(run_dir) if L.resume else None
     link = None  # every rank serves its own buckets of each version (a collective)
-    if shards.applies(cfg.transport.weights_via, backend.lora is not None, ranks.world):
-        link = shards.link(ranks.rank, ranks.world,
+    if ranks_serve_shards(cfg, backend.lora is not None, ranks.world):
+        link = shards.link(ranks.rank, ranks.world, cfg.transport,
                            lambda s: distributed.all_gather_strings(ranks, s))
     if ranks.rank > 0:
         if checkpoint is not None:
             backend.load_checkpoint(checkpoint)
             trainer.models.load(checkpoint)
-        publisher = None
+        server = publisher = None
         if link is not None:
+            server = shards.RankServer(link)
             publisher = Publisher(cfg.transport.weight_bucket_bytes,
-                                  cfg.transport.weight_full_every,
-                                  shards.RankServer(link).deliver, rank=ranks.rank,
-                                  world=ranks.world)
+                                  cfg.transport.weight_full_every, server.deliver,
+                                  rank=ranks.rank, world=ranks.world)
         distributed.follow(trainer, backend, ranks, publisher)
         distributed.close(ranks)
+        if server is not None:  # rank 0 evaluates the last version on the actors now
+            log.info("rank %d: serving its buckets until rank 0's run is over", ranks.rank)
+            server.done.wait()
         return None
     team = distributed.Leader(trainer, backend, ranks, cfg.transport.weight_bucket_bytes, link)
     with _sigterm_interrupts(team) as sigterm:  # SIGTERM = Ctrl-C: checkpoint, stop actors, exit

@@ -1,7 +1,7 @@
 """The learner's packer thread: gathered tensors become a published version off the trainer's
 critical path.
 
-    trainer thread (rank 0)                         packer thread
+    trainer thread (each rank)                      packer thread
       publish(v, tensors):                            pack(): copy each tensor into its bucket
         per tensor: gather (a collective under          ─▶ SHA-256 digest of every bucket
         FSDP2) ─▶ cast to the engine dtype (the         ─▶ delta against v - 1 (XOR + zstd,
@@ -14,7 +14,8 @@ the packer falls behind, `publish` blocks in `put` until it has room, so the tra
 more than that ahead of the packer, and host memory for a version in flight stays at about one
 version of buckets plus the budget. A version's packing begins only after the previous one was
 delivered (one packer thread, one queue). An error in the packer is raised in the trainer
-thread by the next `publish` or `wait`.
+thread by the next `publish` or `wait`. With several learner ranks (`world`), each packs only
+its own buckets and rank 0's `deliver` waits for the others' (transport/weightsrc/shards.py).
 """
 
 from __future__ import annotations

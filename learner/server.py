@@ -55,6 +55,7 @@ from transport import sockets
 from transport.sockets import bind, bind_inproc, configure
 from transport.weights import PackedWeights
 from transport.weightsrc.service import WeightsService
+from transport.weightsrc.shards import Client
 from transport.weightsrc.store import Published
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ class ActorState:
 class LearnerServer(threading.Thread):
     def __init__(self, cfg: TetherConfig, buffer: ReplayBuffer, leases: LeaseTable,
                  model_dir: Path, vocab_size: int, version: int,
-                 base: PackedWeights | None = None, nccl=None, shards=None) -> None:
+                 base: PackedWeights | None = None, nccl=None,
+                 shards: Client | None = None) -> None:
         """`base`: a LoRA run's frozen base weights, sent before the first version to every
         actor that asks for them (`WeightRequest.need_base`); None when full weights train.
         `shards`: the other learner ranks' buckets (transport/weightsrc/shards.py Client)."""
@@ -346,6 +348,8 @@ class LearnerServer(threading.Thread):
             self.control.send_multipart([identity, msg], zmq.NOBLOCK)
         log.info("told %d actor(s) and %d scorer(s) to shut down: %s", len(self.actors),
                  len(peers) - len(self.actors), reason)
+        if self.weights_service.shards is not None:  # the other learner ranks may exit now
+            self.weights_service.shards.stop()
         for sock in (self.control, self.trajectory, self.weights):
             sock.disable_monitor()
         for sock in (*self._monitors, self.control, self.trajectory, self.weights, self._wake_rx):

@@ -197,17 +197,20 @@ def publish_sharded(out: Path, backend, ranks) -> None:
     """Two versions (the second changed, as a delta too) published the way the learner's ranks
     do (learner/publisher.py on each rank, transport/weightsrc/shards.py) against each version
     packed whole on rank 0 (transport/weights.py pack). Rank 0 fetches every bucket rank 1
-    holds through the Client, as its I/O thread would, and drops the first version's keys.
-    Writes OUT/shards.json."""
+    holds through the Client, as its I/O thread would (two peers asking: one fetch), drops the
+    first version's keys, fetches once more after the last collective and stops rank 1's
+    server. Writes OUT/shards.json (rank 0) and OUT/shards_rank1.json."""
     import time
 
     from learner.publisher import Publisher
+    from configs.schema import TransportConfig
     from transport import messages as m
     from transport.weights import pack
     from transport.weightsrc import delta, shards
     from transport.weightsrc.store import ShardRef
 
-    link = shards.link(ranks.rank, ranks.world, lambda s: distributed.all_gather_strings(ranks, s))
+    link = shards.link(ranks.rank, ranks.world, TransportConfig(),
+                       lambda s: distributed.all_gather_strings(ranks, s))
     got = []
     if ranks.rank == 0:
         collector = shards.Collector(link, timeout_s=120)
@@ -215,7 +218,8 @@ def publish_sharded(out: Path, backend, ranks) -> None:
                               world=ranks.world)
         client = shards.Client(link, hold_s=60)
     else:
-        publisher = Publisher(SHARD_BUCKET, 4, shards.RankServer(link).deliver, rank=ranks.rank,
+        server = shards.RankServer(link)
+        publisher = Publisher(SHARD_BUCKET, 4, server.deliver, rank=ranks.rank,
                               world=ranks.world)
 
     def fetch(packed, i: int):
@@ -225,11 +229,14 @@ def publish_sharded(out: Path, backend, ranks) -> None:
             return bytes(ref)
         req = m.BucketRequest(peer_id="test", key=packed.manifest.key, index=i, digest=b"",
                               request_id=1000 + i)
-        client.fetch(ref, b"peer", req, time.monotonic())
+        for peer in (b"peer", b"another peer"):  # one fetch from the rank for both
+            client.fetch(ref, peer, req, time.monotonic())
         frames = client.socks[ref.rank].recv_multipart(copy=False)
-        identity, head, data = client.reply(frames)
-        assert identity == b"peer" and head.request_id == 1000 + i and head.index == i
-        return None if data is None else data.bytes
+        (p1, h1, d1), (p2, h2, d2) = client.reply(frames)
+        assert (p1, p2) == (b"peer", b"another peer") and h1 == h2 and d1 is d2
+        assert h1.request_id == 1000 + i and h1.index == i
+        assert not client.socks[ref.rank].poll(50)  # the rank was asked once
+        return None if d1 is None else d1.bytes
 
     wholes, report = [], {}
     for v in (1, 2):
@@ -262,9 +269,15 @@ def publish_sharded(out: Path, backend, ranks) -> None:
             client.drop([got[0].full.manifest.key])
             first = [i for i, b in enumerate(got[0].full.buckets) if isinstance(b, ShardRef)][0]
             report["dropped_found"] = fetch(got[0].full, first) is not None
+    dist.barrier()  # as after the learner's last collective: rank 1 serves until ShardStop
     if ranks.rank == 0:
+        remote = [i for i, b in enumerate(got[-1].full.buckets) if isinstance(b, ShardRef)]
+        report["served_after_the_group"] = fetch(got[-1].full, remote[-1]) == bytes(
+            wholes[-1].buckets[remote[-1]])
+        client.stop()
         (out / "shards.json").write_text(json.dumps(report))
-    dist.barrier()  # rank 1 serves until rank 0 has fetched everything
+    else:
+        (out / "shards_rank1.json").write_text(json.dumps({"done": server.done.wait(60)}))
 
 
 BF16_PARAMS_OVERRIDES = ["model.dtype=bfloat16", "learner.backend.param_dtype=bfloat16"]

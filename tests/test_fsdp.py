@@ -406,6 +406,10 @@ def test_ranks_serve_their_own_buckets_and_peers_get_the_whole_version(fsdp_run)
         assert 0.3 <= r[v]["own_fraction"] <= 0.7, r
     assert r["delta"]["manifest_equal"] and r["delta"]["bytes_equal"], r
     assert r["dropped_found"] is False, r
+    # after the ranks' last collective rank 1 still serves (rank 0 evaluates the last version
+    # on the actors then), until rank 0's ShardStop ends its server
+    assert r["served_after_the_group"] is True, r
+    assert json.loads((fsdp_run / "shards_rank1.json").read_text()) == {"done": True}
 
 
 BF16_PARAMS_GAP = 0.4

@@ -128,6 +128,75 @@ def test_ranks_packing_their_own_buckets_merge_into_the_whole_version(world):
         shards.merge(parts[0], readies[1:])
 
 
+def _thread_all_gather(world: int):
+    """A named fake of the process group's all_gather of strings (learner/distributed.py
+    all_gather_strings) for `world` threads standing in for the ranks."""
+    slots, barrier = [None] * world, threading.Barrier(world)
+
+    def for_rank(rank: int):
+        def gather(s: str) -> list[str]:
+            slots[rank] = s
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+        return gather
+    return for_rank
+
+
+def test_ranks_on_several_nodes_link_over_curve_and_admit_only_the_learner(tmp_path,
+                                                                        monkeypatch):
+    """Ranks on different nodes (LOCAL_WORLD_SIZE < world): tcp on the address towards
+    MASTER_ADDR with the learner's CURVE keys. Real Publishers on two ranks give rank 0 the
+    whole version's manifest; a bucket of rank 1 comes back through the Client; a client with
+    another key gets nothing; ShardStop ends rank 1's server."""
+    import zmq.auth
+
+    from transport.weightsrc.shards import Client, Collector, RankServer, link
+
+    public, secret = zmq.auth.create_certificates(str(tmp_path), "learner")
+    t = TransportConfig(curve_server_secret=secret, curve_server_public=public,
+                        curve_allowed_dir=str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    links, gather = [None, None], _thread_all_gather(2)
+    threads = [threading.Thread(target=lambda r=r: links.__setitem__(r, link(r, 2, t, gather(r))))
+               for r in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert links[0].endpoints == links[1].endpoints
+    assert all(e.startswith("tcp://127.0.0.1:") for e in links[0].endpoints)
+    state, got = _state(), []
+    collector = Collector(links[0], timeout_s=30)
+    rank0 = Publisher(4096, 0, lambda p: got.append(collector.complete(p)), world=2)
+    server = RankServer(links[1])
+    rank1 = Publisher(4096, 0, server.deliver, rank=1, world=2)
+    for pub in (rank1, rank0):
+        pub.publish(1, state.items(), dtype=torch.bfloat16)
+    rank0.wait()
+    whole = pack(state, 1, 4096, dtype=torch.bfloat16)
+    assert got[0].full.manifest == whole.manifest
+    i = next(i for i, b in enumerate(got[0].full.buckets) if isinstance(b, ShardRef))
+    req = m.BucketRequest(peer_id="p", key="f1", index=i, digest=b"", request_id=5)
+    client = Client(links[0], hold_s=30)
+    client.fetch(got[0].full.buckets[i], b"peer", req, 0.0)
+    (peer, head, data), = client.reply(client.socks[1].recv_multipart(copy=False))
+    assert peer == b"peer" and head.request_id == 5 and data.bytes == bytes(whole.buckets[i])
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rpublic, rsecret = zmq.auth.load_certificate(zmq.auth.create_certificates(
+        str(tmp_path), "rogue")[1])
+    rogue.curve_publickey, rogue.curve_secretkey = rpublic, rsecret
+    rogue.curve_serverkey = zmq.auth.load_certificate(public)[0]
+    rogue.connect(links[1].endpoints[1])
+    rogue.send(m.encoder().encode(req))
+    assert not rogue.poll(1000)  # refused at the handshake: no answer
+    rogue.close(linger=0)
+    client.stop()
+    assert server.done.wait(10)
+
+
 def _published(states: list[dict], full_every: int) -> list[Published]:
     out, prev = [], None
     for v, s in enumerate(states):

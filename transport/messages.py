@@ -22,7 +22,7 @@ Channels (learner binds, actors connect):
                                                         HeartbeatAck, Shutdown
     ranks       rank r PUSH    ->  rank 0 PULL      ShardReady (learner ranks: each serves its
                 rank 0 DEALER <->  rank r ROUTER    own buckets) BucketRequest -> [WeightBucket,
-                                                     bytes]; ShardDrop
+                                                     bytes]; ShardDrop; ShardStop
 
 Weight manifests (and their digests) come only from the learner; relays carry bucket bytes, which
 every receiver checks against the learner's digest (transport/weightsrc/).
@@ -494,9 +494,9 @@ class RelayWelcome(msgspec.Struct, tag="relay_welcome"):
 
 
 class ShardReady(msgspec.Struct, tag="shard_ready"):
-    """Learner rank r -> rank 0: rank r packed its buckets of `version` (bucket i is rank
-    i % world's). Digests per bucket index, b"" for the other ranks' buckets; the delta's
-    likewise, with sizes (0 for the others'), when deltas are on."""
+    """Learner rank r -> rank 0: rank r packed its buckets of `version` (which are whose:
+    transport/weights.py Layout). Digests per bucket index, b"" for the other ranks' buckets;
+    the delta's likewise, with sizes (0 for the others'), when deltas are on."""
 
     rank: int
     version: int
@@ -511,7 +511,11 @@ class ShardDrop(msgspec.Struct, tag="shard_drop"):
     keys: list[str]
 
 
-ToRank = BucketRequest | ShardDrop
+class ShardStop(msgspec.Struct, tag="shard_stop"):
+    """Rank 0 -> rank r: the run is over, nobody asks for buckets any more."""
+
+
+ToRank = BucketRequest | ShardDrop | ShardStop
 """What a learner rank's bucket server receives from rank 0."""
 
 WeightsFromPeer = WeightRequest | BucketRequest | RelayHello

@@ -62,9 +62,12 @@ class SourceKind:
     """The actor side: returns the WeightSource class."""
     publish: Callable[[TetherConfig, Published], Published]
     """The learner side: what a published version becomes on its way to the actors."""
+    rank_shards: bool = False
+    """Peers fetch buckets from the learner: with several learner ranks each serves its own
+    (transport/weightsrc/shards.py); the others need whole versions on rank 0."""
 
 
-SOURCES = {"zmq": SourceKind(_zmq, _as_is), "relay": SourceKind(_relay, _as_is),
+SOURCES = {"zmq": SourceKind(_zmq, _as_is, True), "relay": SourceKind(_relay, _as_is, True),
            "filesystem": SourceKind(_filesystem, _to_file), "nccl": SourceKind(_nccl, _as_is)}
 """`transport.weights_via` -> its kind."""
 
@@ -73,6 +76,13 @@ def make_source(kind: str, ctx: SourceContext) -> WeightSource:
     if kind not in SOURCES:
         raise ValueError(f"transport.weights_via must be one of {tuple(SOURCES)}, got {kind!r}")
     return SOURCES[kind].source()(ctx)
+
+
+def ranks_serve_shards(cfg: TetherConfig, lora: bool, world: int) -> bool:
+    """Do the learner's `world` ranks each serve their own buckets of every version? Several
+    ranks, full weights (LoRA adapters are small, its base goes once), a source that fetches
+    buckets from the learner."""
+    return world > 1 and not lora and SOURCES[cfg.transport.weights_via].rank_shards
 
 
 def for_actors(cfg: TetherConfig, pub: Published) -> Published:

@@ -109,13 +109,12 @@ class WeightsService:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            out = self.shards.reply(frames)
-            if out is None:
-                continue
-            identity, head, data = out
-            head = msgspec.structs.replace(head, version=self.version)
-            self.sock.send_multipart([identity, self.enc.encode(head)]
-                                     + ([] if data is None else [data]), copy=False)
+            for identity, head, data in self.shards.reply(frames):
+                if data is None:  # counted like a bucket not held here
+                    self.store.missing += 1
+                head = msgspec.structs.replace(head, version=self.version)
+                self.sock.send_multipart([identity, self.enc.encode(head)]
+                                         + ([] if data is None else [data]), copy=False)
 
     def _park(self, identity: bytes, req: m.WeightRequest) -> None:
         """NCCL: park a request for a newer version until every engine asked, then offer the

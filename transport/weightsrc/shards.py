@@ -1,9 +1,10 @@
 """Every learner rank serves its own buckets of each version: no rank holds a whole one.
 
-With several learner ranks (FSDP2) and weights over ZeroMQ (`transport.weights_via` zmq or
-relay, full weights), bucket i of a version belongs to one rank (transport/weights.py `Layout`:
-the rank with the fewest bytes so far, from the tensors' sizes alone, so every rank agrees).
-Each rank fills and hashes only its own buckets; rank 0 still answers every peer.
+With several learner ranks (FSDP2, Megatron) and whole versions over ZeroMQ (the weight
+source's `rank_shards`, transport/weightsrc/registry.py), each bucket of a version belongs to
+one rank (transport/weights.py `Layout`: the rank with the fewest bytes so far, from the
+tensors' sizes alone, so every rank agrees). Each rank fills and hashes only its own buckets;
+rank 0 still answers every peer.
 
     every rank's packer thread                  rank 0
       pack(keep=own buckets)                      packer thread: Collector.complete(v) waits
@@ -11,23 +12,26 @@ Each rank fills and hashes only its own buckets; rank 0 still answers every peer
         (keeps its buckets)        (digests)        digests into one manifest (other ranks'
                                                     buckets: ShardRef) ─▶ announce
       rank r: RankServer thread                   I/O thread (transport/weightsrc/service.py):
-        ROUTER ◀────BucketRequest─────────────────  a peer asks for a ShardRef bucket:
-               ─────WeightBucket + bytes─────────▶  Client.fetch, reply forwarded, zero-copy
-               ◀────ShardDrop(keys)───────────────  the store offers a key no more
+        ROUTER ◀────BucketRequest─────────────────  peers ask for a ShardRef bucket: one fetch
+               ─────WeightBucket + bytes─────────▶  per bucket, its frame sent to every peer
+               ◀────ShardDrop(keys)───────────────  waiting for it; the store drops a key
+               ◀────ShardStop─────────────────────  the run is over (learner/server.py)
 
 Peers see one learner: the manifests, digests and bucket bytes are those of one rank packing
 everything, and nothing on the wire to actors or relays changes. Rank 0 holds its share of each
-version plus the buckets in transit.
+version plus the other ranks' buckets in transit (at most one copy of each, however many peers
+ask). Ranks 1..N-1 keep serving after training until ShardStop (rank 0 evaluates the last
+version on the actors after the process group is gone) or until rank 0's connection drops.
 
-Endpoints (`link`, a collective at start-up): ipc:// sockets in a private temporary directory
-when every rank is on one node; otherwise tcp on each node's host name, trusted like
-torch.distributed's own traffic (no CURVE).
+Endpoints (`link`, a collective at start-up): ipc:// sockets in a private (0700) temporary
+directory when every rank is on one node; otherwise tcp on this node's address towards
+MASTER_ADDR (the network torch.distributed uses), with CURVE when the learner has keys
+(transport.curve_server_secret): the ranks admit only the learner's own key.
 
 Blocking: `Collector.complete` blocks rank 0's packer thread until every rank's ShardReady(v)
-is in, logging every 30 s while it waits and failing the run after learner.collective_timeout_s
-(a rank whose packer failed also raises in its own trainer thread at its next publish). A RankServer thread blocks only in its poll; the Client
-never blocks (sends to a rank that is gone are dropped at the high-water mark; the peer asks
-again after its time-out).
+is in, logging every 30 s and failing the run after learner.collective_timeout_s. A RankServer
+thread blocks only in its poll. The Client never blocks (requests are small and unbounded in
+number only by the peers' windows: one per bucket a peer waits for).
 """
 
 from __future__ import annotations
@@ -39,25 +43,25 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
+from configs.schema import TransportConfig
 from transport import messages as m
+from transport.sockets import configure
 from transport.weights import PackedWeights
 from transport.weightsrc.store import Published, ShardRef
 
 log = logging.getLogger(__name__)
 
 WAIT_LOG_S = 30.0
-
-
-def applies(weights_via: str, lora: bool, world: int) -> bool:
-    """Do the learner's ranks serve their own buckets? Several ranks, full weights, over
-    ZeroMQ (filesystem and NCCL read whole versions on rank 0; LoRA adapters are small)."""
-    return world > 1 and weights_via in ("zmq", "relay") and not lora
 
 
 @dataclass
@@ -67,28 +71,64 @@ class Link:
     rank: int
     world: int
     ctx: zmq.Context
+    t: TransportConfig
     own: zmq.Socket
     """Rank 0: a PULL for ShardReady; rank r: a ROUTER for rank 0's requests (the Client's
     DEALERs connect to it)."""
     endpoints: list[str]
     """Every rank's `own` endpoint, in rank order."""
+    curve: bool = False
+    """tcp with the learner's CURVE keys (`client` makes the connecting end)."""
+
+    def client(self, kind: int) -> zmq.Socket:
+        """A socket of `kind` that connects to another rank's `own`."""
+        sock = configure(self.ctx.socket(kind), self.t, limit_size=False)
+        if self.curve:
+            public, secret = zmq.auth.load_certificate(self.t.curve_server_secret)
+            sock.curve_publickey, sock.curve_secretkey = public, secret
+            sock.curve_serverkey = public
+        return sock
 
 
-def link(rank: int, world: int, all_gather) -> Link:
+class _LearnerKeyOnly:
+    """ZAP credentials: admit only the learner's own public key (both Z85-encoded)."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.public
+
+
+def link(rank: int, world: int, t: TransportConfig, all_gather) -> Link:
     """Collective: bind this rank's socket and learn every rank's endpoint. `all_gather(s)`:
     the strings of every rank, in rank order (learner/distributed.py, over the process group)."""
     ctx = zmq.Context()
-    own = ctx.socket(zmq.PULL if rank == 0 else zmq.ROUTER)
-    own.setsockopt(zmq.LINGER, 0)
+    own = configure(ctx.socket(zmq.PULL if rank == 0 else zmq.ROUTER), t, limit_size=True)
+    curve = False
     if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
         d = tempfile.mkdtemp(prefix="tether-ranks-")
         atexit.register(shutil.rmtree, d, True)
         endpoint = f"ipc://{d}/r{rank}"
         own.bind(endpoint)
     else:
-        port = own.bind_to_random_port("tcp://*")
-        endpoint = f"tcp://{socket.gethostname()}:{port}"
-    return Link(rank, world, ctx, own, all_gather(endpoint))
+        curve = bool(t.curve_server_secret)
+        if curve:
+            public, secret = zmq.auth.load_certificate(t.curve_server_secret)
+            auth = ThreadAuthenticator(ctx)
+            auth.start()
+            auth.configure_curve_callback("*", _LearnerKeyOnly(public))
+            own.curve_publickey, own.curve_secretkey, own.curve_server = public, secret, True
+        host = _towards(os.environ["MASTER_ADDR"], int(os.environ.get("MASTER_PORT", "29500")))
+        endpoint = f"tcp://{host}:{own.bind_to_random_port(f'tcp://{host}')}"
+    return Link(rank, world, ctx, t, own, all_gather(endpoint), curve)
+
+
+def _towards(address: str, port: int) -> str:
+    """This node's IP address on the route to `address` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((address, port))
+        return s.getsockname()[0]
 
 
 def merge(own: Published, readies: list[m.ShardReady]) -> Published:
@@ -142,20 +182,22 @@ class Collector:
         v = own.full.manifest.version
         for key in [k for k in self.early if k[0] < v]:  # versions rank 0 did not publish
             del self.early[key]
-        waited = 0.0
+        start = time.monotonic()
+        deadline, next_log = start + self.timeout_s, start + WAIT_LOG_S
         while len([k for k in self.early if k[0] == v]) < self.link.world - 1:
-            if not self.link.own.poll(int(WAIT_LOG_S * 1000)):
-                waited += WAIT_LOG_S
-                late = sorted(set(range(1, self.link.world)) - {r for ver, r in self.early
-                                                                  if ver == v})
-                if waited >= self.timeout_s:
-                    raise RuntimeError(f"v{v}: learner ranks {late} did not pack their buckets "
-                                       f"within {self.timeout_s:g} s")
+            now = time.monotonic()
+            late = sorted(set(range(1, self.link.world)) - {r for ver, r in self.early
+                                                              if ver == v})
+            if now >= deadline:
+                raise RuntimeError(f"v{v}: learner ranks {late} did not pack their buckets "
+                                   f"within {self.timeout_s:g} s")
+            if now >= next_log:
                 log.warning("v%d: waiting %.0f s for learner ranks %s to pack their buckets",
-                            v, waited, late)
-                continue
-            r = self.dec.decode(self.link.own.recv())
-            self.early[(r.version, r.rank)] = r
+                            v, now - start, late)
+                next_log = now + WAIT_LOG_S
+            if self.link.own.poll(int(1000 * max(0.0, min(deadline, next_log) - now)) + 1):
+                r = self.dec.decode(self.link.own.recv())
+                self.early[(r.version, r.rank)] = r
         readies = [self.early.pop((v, r)) for r in range(1, self.link.world)]
         return merge(own, readies)
 
@@ -166,10 +208,13 @@ class RankServer:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.push = link.ctx.socket(zmq.PUSH)  # the packer thread's
-        self.push.setsockopt(zmq.LINGER, 0)
+        self.push = link.client(zmq.PUSH)  # the packer thread's
         self.push.connect(link.endpoints[0])
         self.held: dict[str, PackedWeights] = {}
+        self.done = threading.Event()
+        """Set once rank 0 says the run is over (ShardStop) or its connection drops: nobody
+        asks for buckets any more."""
+        self._monitor = link.own.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._lock = threading.Lock()
         self._enc = m.encoder()
         self._thread = threading.Thread(target=self._serve, name="rank-buckets", daemon=True)
@@ -190,42 +235,74 @@ class RankServer:
 
     def _serve(self) -> None:
         sock, dec = self.link.own, msgspec.msgpack.Decoder(m.ToRank)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        connected = 0
         while True:
-            identity, payload = sock.recv_multipart()
-            match dec.decode(payload):
+            events = dict(poller.poll())
+            if self._monitor in events:
+                event = recv_monitor_message(self._monitor)["event"]
+                connected += 1 if event == zmq.EVENT_ACCEPTED else -1
+                if connected == 0:
+                    log.info("rank %d: rank 0 disconnected: no more bucket requests",
+                             self.link.rank)
+                    break
+            if sock not in events:
+                continue
+            frames = sock.recv_multipart()
+            try:
+                msg = dec.decode(frames[-1]) if len(frames) == 2 else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                msg = None
+            match msg:
+                case None:
+                    log.warning("rank %d: a malformed request on the ranks' channel (%d frames)",
+                                self.link.rank, len(frames))
+                case m.ShardStop():
+                    break
                 case m.ShardDrop(keys=keys):
                     with self._lock:
                         for k in keys:
                             self.held.pop(k, None)
                 case m.BucketRequest() as req:
-                    with self._lock:
-                        packed = self.held.get(req.key)
-                    data = (packed.buckets[req.index] if packed is not None
-                            and 0 <= req.index < len(packed.buckets) else None)
-                    head = m.WeightBucket(version=-1 if packed is None else packed.manifest.version,
-                                          index=req.index, nbytes=0 if data is None else len(data),
-                                          key=req.key, request_id=req.request_id,
-                                          found=data is not None)
-                    frames = [identity, self._enc.encode(head)] + ([] if data is None else [data])
-                    sock.send_multipart(frames, copy=False)
+                    self._answer(frames[0], req)
+        self.done.set()
+
+    def _answer(self, identity: bytes, req: m.BucketRequest) -> None:
+        with self._lock:
+            packed = self.held.get(req.key)
+        data = (packed.buckets[req.index] if packed is not None
+                and 0 <= req.index < len(packed.buckets) else None)
+        head = m.WeightBucket(version=-1 if packed is None else packed.manifest.version,
+                              index=req.index, nbytes=0 if data is None else len(data),
+                              key=req.key, found=data is not None)
+        self.link.own.send_multipart([identity, self._enc.encode(head)]
+                                     + ([] if data is None else [data]), copy=False)
+
+
+@dataclass
+class _Fetch:
+    peers: list[tuple[bytes, int]] = field(default_factory=list)
+    """(identity, request id) of each peer waiting for the bucket."""
+    asked: float = 0.0
 
 
 class Client:
-    """Rank 0's I/O thread: fetches ShardRef buckets from their ranks for the peers that asked.
-    Never blocks."""
+    """Rank 0's I/O thread: fetches ShardRef buckets from their ranks for the peers that asked,
+    one fetch per bucket however many peers wait for it. Never blocks."""
 
     def __init__(self, link: Link, hold_s: float) -> None:
+        """`hold_s`: a fetch unanswered this long is asked again (transport.peer_timeout_s)."""
         self.hold_s = hold_s
         self.socks: dict[int, zmq.Socket] = {}
         for r in range(1, link.world):
-            s = link.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
+            s = link.client(zmq.DEALER)
             s.setsockopt(zmq.SNDHWM, 0)  # requests are small; a rank answers each one
             s.connect(link.endpoints[r])
             self.socks[r] = s
-        self.waiting: OrderedDict[int, tuple[bytes, int, float]] = OrderedDict()
-        """Forwarding tag -> (the peer's identity, its request id, when it asked)."""
-        self._tag = 0
+        self.waiting: OrderedDict[tuple[str, int], _Fetch] = OrderedDict()
+        """(key, index) -> the fetch of that bucket and its peers, oldest first."""
         self._enc = m.encoder()
         self._dec = msgspec.msgpack.Decoder(m.WeightBucket)
 
@@ -233,25 +310,33 @@ class Client:
         return list(self.socks.values())
 
     def fetch(self, ref: ShardRef, identity: bytes, req: m.BucketRequest, now: float) -> None:
-        while self.waiting and now - next(iter(self.waiting.values()))[2] > self.hold_s:
-            self.waiting.popitem(last=False)  # a peer that asked long ago has asked again
-        self._tag += 1
-        self.waiting[self._tag] = (identity, req.request_id, now)
-        fwd = msgspec.structs.replace(req, request_id=self._tag)
-        self.socks[ref.rank].send(self._enc.encode(fwd), zmq.NOBLOCK)
+        while self.waiting and now - next(iter(self.waiting.values())).asked > self.hold_s:
+            self.waiting.popitem(last=False)  # unanswered: its peers have asked again
+        f = self.waiting.get((req.key, req.index))
+        f = f or self.waiting.setdefault((req.key, req.index), _Fetch(asked=now))
+        f.peers.append((identity, req.request_id))
+        if len(f.peers) == 1:
+            self.socks[ref.rank].send(self._enc.encode(req), zmq.NOBLOCK)
 
-    def reply(self, frames: list) -> tuple[bytes, m.WeightBucket, zmq.Frame | None] | None:
-        """A rank's answer (frames received with copy=False) -> the peer's identity, the
-        header as the peer's request id names it, and the bytes (None: the rank does not hold
-        the bucket); None if nobody waits for it any more."""
+    def reply(self, frames: list) -> list[tuple[bytes, m.WeightBucket, zmq.Frame | None]]:
+        """A rank's answer (frames received with copy=False) -> for every peer waiting for it:
+        its identity, the header with its request id, and the bytes (one frame for all; None:
+        the rank does not hold the bucket)."""
         head = self._dec.decode(frames[0].bytes)
-        peer = self.waiting.pop(head.request_id, None)
-        if peer is None:
-            return None
-        head = msgspec.structs.replace(head, request_id=peer[1])
-        return peer[0], head, frames[1] if head.found else None
+        f = self.waiting.pop((head.key, head.index), None)
+        if f is None:
+            return []
+        data = frames[1] if head.found else None
+        return [(identity, msgspec.structs.replace(head, request_id=rid), data)
+                for identity, rid in f.peers]
 
     def drop(self, keys: list[str]) -> None:
         msg = self._enc.encode(m.ShardDrop(keys=keys))
+        for s in self.socks.values():
+            s.send(msg, zmq.NOBLOCK)
+
+    def stop(self) -> None:
+        """The run is over: the ranks stop serving (learner/server.py, at shutdown)."""
+        msg = self._enc.encode(m.ShardStop())
         for s in self.socks.values():
             s.send(msg, zmq.NOBLOCK)
