@@ -9,7 +9,9 @@ A thread reads every process's threads (/proc/PID/task/TID/stat: utime + stime, 
 ticks) every `period_s` and keeps (time.time(), totals); a window's CPU is interpolated
 between the samples around its ends. Threads are grouped by what they do: "zmq_io" (libzmq's
 I/O threads: receiving and sending frames, i.e. the kernel's socket copies) and "python"
-(the interpreter's threads, asyncio.to_thread workers included: decoding, hashing, copies).
+(the interpreter's threads, asyncio.to_thread workers included: decoding, hashing, copies);
+"sys" is the kernel's share of both, "minor_faults" a count (pages first touched). Kind
+"machine": the whole machine's busy CPU (other jobs included) and its softirq share.
 """
 
 from __future__ import annotations
@@ -43,7 +45,17 @@ def read(pid: int) -> dict[str, float]:
         comm = raw[raw.index("(") + 1:raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2:].split()
         out[_group(comm)] += (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        out["sys"] += int(fields[12]) / TICK
+        out["minor_faults"] += int(fields[7])
     return out
+
+
+def machine() -> dict[str, float]:
+    """The whole machine's busy CPU seconds (every process, kernel threads and interrupts
+    included: all but idle and iowait), and of those in softirq (network processing)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return {"busy": (sum(v[:8]) - v[3] - v[4]) / TICK, "softirq": v[6] / TICK}
 
 
 class CpuSampler:
@@ -76,6 +88,8 @@ class CpuSampler:
             for kind, pid in pids:
                 for group, s in read(pid).items():
                     tot[(kind, group)] += s
+            for group, s in machine().items():
+                tot[("machine", group)] = s
             self.times.append(time.time())
             self.samples.append(tot)
 
