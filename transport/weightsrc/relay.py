@@ -44,6 +44,7 @@ from transport import security
 from transport.sockets import bind, configure
 from transport.weightsrc.integrity import digest
 from transport.weightsrc.link import PeerLink
+from transport.weightsrc.relay_memory import reuse_receive_buffers
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether-relay: {e}", file=sys.stderr)
         return 2
     setup_process(f"relay[{ns.relay_id}]")
+    log.info("malloc: %s", reuse_receive_buffers())  # before the ZeroMQ context's I/O thread
 
     async def run() -> None:
         import signal
