@@ -11,7 +11,8 @@ between the samples around its ends. Threads are grouped by what they do: "zmq_i
 I/O threads: receiving and sending frames, i.e. the kernel's socket copies) and "python"
 (the interpreter's threads, asyncio.to_thread workers included: decoding, hashing, copies);
 "sys" is the kernel's share of both, "minor_faults" a count (pages first touched). Kind
-"machine": the whole machine's busy CPU (other jobs included) and its softirq share.
+"machine": the whole machine's busy CPU (other jobs included), its softirq share, and its
+allocations that stalled to reclaim or compact memory.
 """
 
 from __future__ import annotations
@@ -52,10 +53,20 @@ def read(pid: int) -> dict[str, float]:
 
 def machine() -> dict[str, float]:
     """The whole machine's busy CPU seconds (every process, kernel threads and interrupts
-    included: all but idle and iowait), and of those in softirq (network processing)."""
+    included: all but idle and iowait), and of those in softirq (network processing); counts
+    of allocations that stalled to reclaim or compact memory (/proc/vmstat)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    return {"busy": (sum(v[:8]) - v[3] - v[4]) / TICK, "softirq": v[6] / TICK}
+    out = {"busy": (sum(v[:8]) - v[3] - v[4]) / TICK, "softirq": v[6] / TICK,
+           "reclaim_stalls": 0.0, "compact_stalls": 0.0}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            name, n = line.split()
+            if name.startswith("allocstall_"):
+                out["reclaim_stalls"] += int(n)
+            elif name == "compact_stall":
+                out["compact_stalls"] += int(n)
+    return out
 
 
 class CpuSampler:
