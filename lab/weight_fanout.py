@@ -18,6 +18,11 @@ the figures are the weight path's. Learner egress = tx_bytes of the learner's ve
 may go unfetched when the run ends). Shaped runs put a 1 Gbit/s token
 bucket (tc tbf) on both ends of every host's link. "Time to all loaded" for version v = the
 latest actor's "loaded weights v" log time - the learner's "published v" log time (one clock).
+CPU seconds per version (`cpu_s_per_version`, robust to other jobs on the machine, unlike the
+times): each process kind's CPU (lab/proc_cpu.py: libzmq's I/O threads and the interpreter's
+threads apart) from "published v" to the last "loaded weights v", summed over its processes
+and averaged over v2 on (v1, the first after the initial weights, is apart in
+`cpu_s_by_version`, with every version's).
 Writes lab/results/weight_fanout.json.
 """
 
@@ -38,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import procs  # noqa: E402
+from proc_cpu import CpuSampler  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 MODEL = ROOT / "runs" / "models" / "smollm2-135m-instruct"
@@ -106,6 +112,7 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
              out_dir: Path, preset: Path, model: Path) -> dict:
     run = out_dir / name
     h = Hosts(hosts, shape)
+    cpu = CpuSampler({})
     try:
         lp = h.start(0, ["-m", "learner", "-c", str(preset),
                          f"run_dir={run}", f"model.path={model}", "model.dtype=bfloat16",
@@ -115,14 +122,18 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
                          "task.eval_prompts=2", "task.max_new_tokens=8",
                          "max_staleness=0", "transport.peer_timeout_s=120"],
                      out_dir / f"{name}-learner.log")
+        cpu.add("learner", lp.p.pid)  # (ip netns exec execs python: the same pid)
+        cpu.start()
         lp.wait_for(r"learner listening", timeout=900)
         tx0 = h.tx_bytes(0)
         if via == "relay":
             for i in range(1, hosts + 1):
-                h.start(i, ["-m", "transport.weightsrc.relay", "-c", str(run / "config.yaml"),
-                            str(run / "endpoints.json"), "--relay-id", f"r{i}", "--bind",
-                            h.ips[i], "--advertise", h.ips[i]],
-                        out_dir / f"{name}-r{i}.log").wait_for(r"serving at", timeout=120)
+                r = h.start(i, ["-m", "transport.weightsrc.relay", "-c", str(run / "config.yaml"),
+                                str(run / "endpoints.json"), "--relay-id", f"r{i}", "--bind",
+                                h.ips[i], "--advertise", h.ips[i]],
+                            out_dir / f"{name}-r{i}.log")
+                cpu.add("relay", r.p.pid)
+                r.wait_for(r"serving at", timeout=120)
         ac = []
         for a in range(actors):
             i = 1 + a % hosts
@@ -130,9 +141,11 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
                                   f"a{a}", str(run / "endpoints.json"),
                                   "actors.engine=simulated", "--host", h.ips[i]],
                               out_dir / f"{name}-a{a}.log"))
+            cpu.add("actor", ac[-1].p.pid)
         rc = lp.finish(timeout=3600)
         tx = h.tx_bytes(0) - tx0
     finally:
+        cpu.stop()
         h.close()
     summary = json.loads((run / "summary.json").read_text())
     published = {int(m.group(1)): _stamp(line) for line in lp.lines
@@ -147,6 +160,15 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
     # versions after the first that every actor loaded: time from publish to the last load
     times = {v: max(ts) - published[v] for v, ts in loaded.items()
              if v > 0 and len(ts) == actors and v in published}
+    by_version = {v: cpu.between(published[v], published[v] + t) for v, t in times.items()}
+    per_version: dict[str, dict[str, float]] = {}
+    for v, kinds in by_version.items():
+        if v == 1 and len(by_version) > 1:
+            continue
+        for kind, groups in kinds.items():
+            for g, s in groups.items():
+                per_version.setdefault(kind, {}).setdefault(g, 0.0)
+                per_version[kind][g] += s / (len(by_version) - (len(by_version) > 1))
     return {"weights_via": via, "actors": actors, "hosts": hosts, "shape": shape,
             "learner_rc": rc, "versions_published": len(published),
             "model_bf16_bytes": full, "learner_tx_bytes": tx,
@@ -155,7 +177,10 @@ def scenario(name: str, via: str, actors: int, hosts: int, shape: str | None, st
             "weights_sent_bytes_app": summary.get("weights_sent_bytes"),
             "accounting_ok": summary["accounting_ok"],
             "time_to_all_loaded_s": times,
-            "mean_time_to_all_loaded_s": sum(times.values()) / max(len(times), 1)}
+            "mean_time_to_all_loaded_s": sum(times.values()) / max(len(times), 1),
+            "cpu_s_per_version": {k: {g: round(s, 3) for g, s in gs.items()}
+                                  for k, gs in per_version.items()},
+            "cpu_s_by_version": by_version}
 
 
 def main() -> None:
@@ -170,12 +195,12 @@ def main() -> None:
     work.mkdir(parents=True)
     res: dict = {"model": Path(ns.model).name, "dtype": "bfloat16", "steps": ns.steps,
                  "machine": f"{os.cpu_count()} cores, shared", "runs": {}}
-    plan = []
-    if "egress" in ns.only:
-        plan += [("egress_zmq_8", "zmq", 8, 1, None), ("egress_relay_8", "relay", 8, 4, None)]
-    if "shaped" in ns.only:
-        plan += [("shaped_relay_1", "relay", 1, 4, "1gbit"), ("shaped_relay_8", "relay", 8, 4, "1gbit"),
-                 ("shaped_zmq_8", "zmq", 8, 4, "1gbit")]
+    groups = {"egress": [("egress_zmq_8", "zmq", 8, 1, None), ("egress_relay_8", "relay", 8, 4, None)],
+              "shaped": [("shaped_relay_1", "relay", 1, 4, "1gbit"),
+                         ("shaped_relay_8", "relay", 8, 4, "1gbit"),
+                         ("shaped_zmq_8", "zmq", 8, 4, "1gbit")]}
+    # --only names groups or single runs (e.g. shaped_relay_1 shaped_relay_8)
+    plan = [run for g, runs in groups.items() for run in runs if g in ns.only or run[0] in ns.only]
     for name, via, actors, hosts, shape in plan:
         print(f"--- {name}", flush=True)
         res["runs"][name] = scenario(name, via, actors, hosts, shape, ns.steps, work,

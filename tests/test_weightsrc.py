@@ -396,6 +396,44 @@ def test_a_corrupt_bucket_from_a_relay_is_refused_fetched_again_and_counted(weig
     assert learner.rejected == []
 
 
+def test_a_relay_refuses_a_corrupt_bucket_from_its_upstream_relay_and_hashes_none_from_the_learner(
+        monkeypatch):
+    t = TransportConfig(weights_via="relay", peer_timeout_s=5, heartbeat_s=0.2)
+    learner = LearnerSide(t)
+    pub = _published([_state()], full_every=0)[0]
+    learner.add(pub)
+    man = pub.full.manifest
+    import transport.weightsrc.relay as relay_module
+    hashed: list[int] = []
+    monkeypatch.setattr(relay_module, "digest", lambda b: hashed.append(len(b)) or digest(b))
+
+    async def scenario():
+        stopped = asyncio.Event()
+        root = ByteFlippingRelay(t, learner.endpoint, "relay-0", "127.0.0.1", "127.0.0.1")
+        tasks = [asyncio.create_task(root.run(stopped))]
+        await root.joined.wait()  # the root first: the second relay's upstream is the root
+        below = Relay(t, learner.endpoint, "relay-1", "127.0.0.1", "127.0.0.1")
+        tasks.append(asyncio.create_task(below.run(stopped)))
+        await below.joined.wait()
+        assert below.upstream.endpoint == root.endpoint
+        first = await below.bucket(man.key, 0, man.digests[0])  # flipped by the root
+        again = await below.bucket(man.key, 0, man.digests[0])  # from the cache
+        stopped.set()
+        await asyncio.gather(*tasks)
+        return root, below, bytes(first), bytes(again)
+
+    try:
+        root, below, first, again = _run(scenario())
+    finally:
+        learner.close()
+    assert root.flipped == 1 and below.counts["corrupt"] == 1  # refused ...
+    assert first == again == bytes(pub.full.buckets[0])  # ... fetched again, cached good
+    assert below.counts["hits"] == 1 and below.counts["bytes_in"] == len(first)
+    size = len(first)
+    assert learner.service.store.sent_bytes == {"relay": 2 * size}  # root's fetch, then below's
+    assert hashed == [size]  # the root's (flipped) bytes only: nothing from the learner
+
+
 def test_deltas_over_sockets_catch_up_bit_identical_and_resync_at_full_points():
     t = TransportConfig(weight_full_every=3, peer_timeout_s=5, weight_bucket_bytes=16 * 1024)
     learner = LearnerSide(t)

@@ -25,7 +25,8 @@ Channels (learner binds, actors connect):
                                                      bytes]; ShardDrop; ShardStop
 
 Weight manifests (and their digests) come only from the learner; relays carry bucket bytes, which
-every receiver checks against the learner's digest (transport/weightsrc/).
+every actor (and every relay fed by another relay) checks against the learner's digest
+(transport/weightsrc/).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The learner packs a state dict once per version (`pack`), casting each floating tensor to the
 engine's dtype as it copies it into its bucket (one copy per tensor, no intermediate bytes);
 the same immutable buckets are sent to every peer that asks, zero-copy. Every bucket has a
-SHA-256 digest in the manifest (`digest`), which every receiver checks. Tensors start at
+SHA-256 digest in the manifest (`digest`), which every actor checks. Tensors start at
 16-byte aligned offsets, so `unpack` rebuilds them as views of their bucket without copying.
 Only raw bytes + dtype + shape cross the wire, never pickle.
 """

@@ -3,8 +3,9 @@
 SHA-256: cryptographic, so a relay cannot make an actor load other bytes than the learner
 published, and hardware-accelerated on current x86 (SHA-NI) and ARMv8 CPUs, where OpenSSL's
 SHA-256 hashes 2-3x faster than BLAKE2b (1,224 vs 497 MB/s on this project's 2-core test
-machine). Every receiver checks every bucket (a relay, then each actor behind it), so at
-eight actors on a node the hashing was the weight path's largest CPU cost.
+machine). Every actor checks every bucket, and so does every relay fed by another relay (not
+the ones fed by the learner: relay.py), so at eight actors on a node the hashing is the weight
+path's largest CPU cost.
 """
 
 from __future__ import annotations
