@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -190,6 +191,8 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "lab" / "results" / "weight_fanout.json"))
     p.add_argument("--preset", default=str(ROOT / "configs" / "smollm2_add.yaml"))
     p.add_argument("--model", default=str(MODEL), help="(a tiny model + its preset: a smoke run)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the runs' directories (logs, checkpoints: ~4 GB a run) in /tmp")
     ns = p.parse_args()
     work = Path("/tmp") / f"weight_fanout_{os.getpid()}"
     work.mkdir(parents=True)
@@ -201,12 +204,16 @@ def main() -> None:
                          ("shaped_zmq_8", "zmq", 8, 4, "1gbit")]}
     # --only names groups or single runs (e.g. shaped_relay_1 shaped_relay_8)
     plan = [run for g, runs in groups.items() for run in runs if g in ns.only or run[0] in ns.only]
-    for name, via, actors, hosts, shape in plan:
-        print(f"--- {name}", flush=True)
-        res["runs"][name] = scenario(name, via, actors, hosts, shape, ns.steps, work,
-                                     Path(ns.preset), Path(ns.model))
-        print(json.dumps(res["runs"][name]), flush=True)
-        Path(ns.out).write_text(json.dumps(res, indent=1))
+    try:
+        for name, via, actors, hosts, shape in plan:
+            print(f"--- {name}", flush=True)
+            res["runs"][name] = scenario(name, via, actors, hosts, shape, ns.steps, work,
+                                         Path(ns.preset), Path(ns.model))
+            print(json.dumps(res["runs"][name]), flush=True)
+            Path(ns.out).write_text(json.dumps(res, indent=1))
+    finally:
+        if not ns.keep:
+            shutil.rmtree(work, ignore_errors=True)
     r = res["runs"]
     if "egress_relay_8" in r:
         res["egress_per_version_over_bf16_relay_8"] = r["egress_relay_8"]["learner_tx_per_version_over_model"]
