@@ -16,9 +16,7 @@ elsewhere than glibc this does nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
+from transport.malloc import mallopt_unless_set
 
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
@@ -28,16 +26,5 @@ ARENA_MAX = 2
 
 def tune_malloc() -> dict[str, int]:
     """Apply the settings above that the environment does not set; returns what was set."""
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return {}
-    libc = ctypes.CDLL(path)
-    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
-        return {}
-    wanted = {"MALLOC_MMAP_THRESHOLD_": (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-              "MALLOC_ARENA_MAX": (M_ARENA_MAX, ARENA_MAX)}
-    done = {}
-    for env, (param, value) in wanted.items():
-        if env not in os.environ and libc.mallopt(param, value) == 1:
-            done[env] = value
-    return done
+    return mallopt_unless_set({"MALLOC_MMAP_THRESHOLD_": (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                               "MALLOC_ARENA_MAX": (M_ARENA_MAX, ARENA_MAX)})

@@ -18,9 +18,7 @@ does nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
+from transport.malloc import mallopt_unless_set
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
@@ -34,14 +32,4 @@ def reuse_receive_buffers() -> dict[str, int]:
     """Apply the settings above that the environment does not set; returns what was set.
     Call before the relay's ZeroMQ context starts its I/O thread (which gets an arena of its
     own on its first malloc otherwise)."""
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return {}
-    libc = ctypes.CDLL(path)
-    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
-        return {}
-    done = {}
-    for env, (param, value) in SETTINGS.items():
-        if env not in os.environ and libc.mallopt(param, value) == 1:
-            done[env] = value
-    return done
+    return mallopt_unless_set(SETTINGS)
