@@ -35,7 +35,7 @@ class WeightsService:
         self.reject = reject
         self.shards = shards
         self.store = VersionStore(t.weight_full_every, base, hold_s=t.peer_timeout_s,
-                                  **({} if shards is None else {"on_drop": shards.drop}))
+                                  on_drop=None if shards is None else shards.drop)
         self.relays = RelayTree(t.relay_fanout, t.peer_timeout_s)
         self.version = -1
         self.enc = m.encoder()

@@ -57,7 +57,7 @@ class _Fetch:
 
 class VersionStore:
     def __init__(self, full_every: int, base: PackedWeights | None = None,
-                 hold_s: float = 60.0, on_drop: Callable[[list[str]], None] = lambda keys: None
+                 hold_s: float = 60.0, on_drop: Callable[[list[str]], None] | None = None
                  ) -> None:
         """`hold_s`: how long an older version stays for a peer that stopped asking for its
         buckets (transport.peer_timeout_s). `on_drop(keys)`: told the keys it no longer holds
@@ -91,7 +91,7 @@ class VersionStore:
     def _drop(self, keys: list[str]) -> None:
         for k in keys:
             del self.blobs[k]
-        if keys:
+        if keys and self.on_drop is not None:
             self.on_drop(keys)
 
     def _evict(self) -> None:
